@@ -1,0 +1,37 @@
+# The two commands a newcomer needs: `make book` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: install generate check-generated book test grade clean
+
+$(INSTALLED): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+install: $(INSTALLED)
+
+## Regenerate learner notebooks, instructor notebooks, reference and hidden modules from course/
+generate: $(INSTALLED)
+	$(PY) -m coursegen
+
+## Fail if a generated file differs from its source
+check-generated: $(INSTALLED)
+	$(PY) -m coursegen --check
+
+## Build the book into _build/html
+book: $(INSTALLED)
+	$(PY) -m coursegen.book
+
+## Run every test (CI runs this)
+test: $(INSTALLED)
+	$(PY) -m pytest tests
+
+## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb
+grade: $(INSTALLED)
+	$(PY) -m autograder grade $(NB)
+
+clean:
+	rm -rf _build .cache

@@ -1,0 +1,75 @@
+"""nbgrader's Execute preprocessor, hardened for hostile submissions.
+
+* Before each hidden test cell runs, the grading session writes that test's inputs
+  (and nothing else); right after, it takes the results away where the kernel cannot
+  reach them. So code in earlier cells cannot see later tests' inputs, and a test's
+  results can only come from that test's own run.
+* A kernel that dies (``os._exit``, a segfault) does not stop grading: the remaining
+  cells are marked as not run, so their tests fail.
+* Output is capped per cell, so endless printing cannot exhaust memory.
+"""
+from __future__ import annotations
+
+from nbclient.exceptions import DeadKernelError
+from nbclient.util import run_sync
+from nbformat import NotebookNode
+from nbgrader.preprocessors import Execute
+
+OUTPUT_CAP = 64 * 1024  # characters of output kept per cell
+
+
+class GuardedExecute(Execute):
+    session = None  # the GradingSession in charge; set per grading run (one per process)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._dead = False
+        self._sizes: dict[int, int] = {}
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._dead = False
+        try:
+            return super().preprocess(nb, resources, km)
+        except DeadKernelError:
+            # Raised again while shutting a dead kernel down: the cells are already marked.
+            return nb, resources
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        if cell.cell_type != "code":
+            return cell
+        if self._dead:
+            cell.outputs = [_error("KernelDied", "the kernel died before this cell ran")]
+            return cell
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        session = type(self).session
+        watched = session is not None and session.watches(grade_id)
+        if watched:
+            session.before_test(grade_id)
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        except DeadKernelError:
+            self._dead = True
+            cell.outputs.append(_error("KernelDied", "the kernel died while running this cell"))
+            return cell
+        finally:
+            if watched:
+                session.after_test(grade_id)
+
+    # nbclient binds its sync wrapper to the base coroutine; bind it to ours.
+    execute_cell = run_sync(async_execute_cell)
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        size = len(str(content.get("text", ""))) + sum(len(str(v)) for v in content.get("data", {}).values())
+        used = self._sizes.get(cell_index, 0)
+        self._sizes[cell_index] = used + size
+        if used + size <= OUTPUT_CAP:
+            return super().output(outs, msg, display_id, cell_index)
+        if used <= OUTPUT_CAP:
+            outs.append(NotebookNode(output_type="stream", name="stderr",
+                                     text="\n[output truncated by the grader]\n"))
+        return None
+
+
+def _error(name, text):
+    return NotebookNode(output_type="error", ename=name, evalue=text, traceback=[f"{name}: {text}"])

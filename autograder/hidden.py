@@ -1,0 +1,323 @@
+"""Parent-side hidden-test API: build probes, then judge what the kernel returned.
+
+A chapter's hidden module (generated from its ``# %% [hidden]`` cells) creates one
+``HiddenTests`` and registers a builder per test cell::
+
+    hidden = HiddenTests(ref, from_scratch={"scaled_dot_product_attention"})
+
+    @hidden.test("test_scaled_dot_product_attention_values")
+    def _(t):
+        q, k, v = t.randn(2, 5, 8), t.randn(2, 7, 8), t.randn(2, 7, 6)
+        t.function("scaled_dot_product_attention", q, k, v, grad=True, mistakes=MISTAKES)
+
+Builders only describe calls. The grader writes the inputs for the kernel, the kernel
+calls the submission, and ``judge`` compares the returned values with the reference,
+computed here, in a process that never ran submitted code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+from typing import Any, Callable
+
+import torch
+
+# Built-ins that solve a from-scratch exercise; the message says why it earns nothing.
+ATTENTION_BUILTINS = {
+    "scaled_dot_product_attention": "torch.nn.functional.scaled_dot_product_attention",
+    "multi_head_attention_forward": "nn.MultiheadAttention",
+    "_scaled_dot_product_attention_math": "torch's internal scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention_for_cpu": "torch's internal flash attention",
+}
+BUILTIN_MODULES = {"MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
+                   "TransformerEncoderLayer", "TransformerDecoderLayer"}
+
+
+@dataclasses.dataclass
+class Mistake:
+    """A common wrong implementation: if the submission matches it, say so."""
+    message: str
+    compute: Callable[..., Any]  # same call as the reference (module mistakes get the module first)
+
+
+@dataclasses.dataclass
+class Probe:
+    target: str
+    args: tuple
+    kwargs: dict
+    init: dict | None = None
+    state: dict | None = None
+    grad_args: tuple = ()
+    grad_params: bool = False
+    deps: tuple = ()
+    mistakes: tuple = ()
+    checks: tuple = ()  # callables (probe, outputs) -> message or None, run on passing values
+    label: str = ""
+    time_limit: float = 10.0
+    reference: Callable | None = None  # filled by the builder
+    cotangents: tuple = ()
+
+
+class Builder:
+    """Seeded input factory handed to each hidden-test builder."""
+
+    def __init__(self, tests: "HiddenTests", test_id: str):
+        self.tests, self.test_id, self.probes = tests, test_id, []
+        seed = int(hashlib.sha256(test_id.encode()).hexdigest()[:8], 16)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def randn(self, *shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float64).to(dtype)
+
+    def randint(self, low, high, shape):
+        return torch.randint(low, high, shape, generator=self.gen)
+
+    def rand_bool(self, *shape, p=0.7):
+        return torch.rand(*shape, generator=self.gen) < p
+
+    def function(self, name, *args, grad=False, mistakes=(), checks=(), label="", deps=(), **kwargs):
+        probe = Probe(target=name, args=args, kwargs=kwargs, mistakes=tuple(mistakes),
+                      checks=tuple(checks), label=label, deps=tuple(deps),
+                      reference=getattr(self.tests.reference, name))
+        if grad:
+            probe.grad_args = _float_tensor_indices(args)
+        self._finish(probe, grad)
+        return probe
+
+    def module(self, name, init, *args, grad=False, mistakes=(), checks=(), label="", deps=(),
+               **kwargs):
+        cls = getattr(self.tests.reference, name)
+        torch.manual_seed(int(self.gen.initial_seed()) % 2**31 + len(self.probes))
+        module = cls(**init)
+        with torch.no_grad():  # non-default values so that a wrong parameter shows
+            for p in module.parameters():
+                p.copy_(self.randn(*p.shape, dtype=p.dtype) * 0.5)
+        probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
+                      state={n: p.detach().clone() for n, p in module.named_parameters()},
+                      grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
+                      label=label, deps=tuple(deps), reference=module)
+        if grad:
+            probe.grad_args = _float_tensor_indices(args)
+        self._finish(probe, grad)
+        return probe
+
+    def _finish(self, probe, grad):
+        if grad:
+            outs = _as_tuple(_call_reference(probe))
+            probe.cotangents = tuple(self.randn(*o.shape, dtype=o.dtype) for o in outs
+                                     if isinstance(o, torch.Tensor) and o.is_floating_point())
+        self.probes.append(probe)
+
+
+def _float_tensor_indices(args):
+    return tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+
+
+def _as_tuple(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _call_reference(probe, with_grad=False):
+    args = [_clone(a) for a in probe.args]
+    for i in probe.grad_args:
+        args[i].requires_grad_(with_grad)
+    kwargs = {k: _clone(v) for k, v in probe.kwargs.items()}
+    if isinstance(probe.reference, torch.nn.Module):
+        probe.reference.zero_grad(set_to_none=True)
+    out = probe.reference(*args, **kwargs)
+    return out if not with_grad else (out, args)
+
+
+class HiddenTests:
+    def __init__(self, reference, from_scratch=()):
+        self.reference = reference
+        self.from_scratch = set(from_scratch)
+        self.builders: dict[str, Callable[[Builder], None]] = {}
+
+    def test(self, test_id):
+        def register(fn):
+            self.builders[test_id] = fn
+            return fn
+        return register
+
+    def build(self, test_id) -> list[Probe]:
+        builder = Builder(self, test_id)
+        self.builders[test_id](builder)
+        return builder.probes
+
+    def dependency_source(self, name) -> str:
+        """Source that defines a dependency exercise as the reference does, for substitution."""
+        return self.reference.EXPORTS_SOURCE + "\n\n" + inspect.getsource(getattr(self.reference, name))
+
+
+# ----------------------------------------------------------------------------- judging
+
+def tolerance(dtype):
+    return (1e-9, 1e-7) if dtype == torch.float64 else (2e-5, 1e-4)
+
+
+def close(a, b):
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool or not a.is_floating_point():
+        return torch.equal(a, b)
+    atol, rtol = tolerance(a.dtype)
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    a, b = torch.where(both_inf, 0, a), torch.where(both_inf, 0, b)
+    return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+
+
+def describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return type(value).__name__
+
+
+def _names(probe, index):
+    params = list(inspect.signature(probe.reference.forward if isinstance(
+        probe.reference, torch.nn.Module) else probe.reference).parameters)
+    return params[index] if index < len(params) else f"argument {index}"
+
+
+def _structure_problem(student, expected) -> str | None:
+    if isinstance(expected, tuple):
+        if not isinstance(student, tuple) and not isinstance(student, list):
+            return f"returned {describe(student)}; expected a tuple of {len(expected)} " \
+                   "(output, weights)" if len(expected) == 2 else f"expected a tuple of {len(expected)}"
+        if len(student) != len(expected):
+            return f"returned {len(student)} values; expected {len(expected)}"
+        for i, (s, e) in enumerate(zip(student, expected)):
+            problem = _structure_problem(s, e)
+            if problem:
+                return f"item {i}: {problem}"
+        return None
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(student, torch.Tensor):
+            return f"returned {describe(student)}; expected {describe(expected)}"
+        if student.shape != expected.shape:
+            return f"returned shape {tuple(student.shape)}; expected {tuple(expected.shape)}"
+        if student.dtype != expected.dtype:
+            keep = " (keep the input's dtype)" if expected.is_floating_point() else ""
+            return f"returned dtype {str(student.dtype).replace('torch.', '')}; expected " \
+                   f"{str(expected.dtype).replace('torch.', '')}{keep}"
+    return None
+
+
+def values_match(student, expected) -> bool:
+    if isinstance(expected, tuple):
+        return isinstance(student, (tuple, list)) and len(student) == len(expected) and all(
+            values_match(s, e) for s, e in zip(student, expected))
+    return close(student, expected)
+
+
+def _which_output_differs(student, expected) -> str:
+    if isinstance(expected, tuple) and len(expected) == 2:
+        parts = [name for name, s, e in zip(("output", "weights"), student, expected)
+                 if not values_match(s, e)]
+        return " and ".join(parts) + (" differ" if len(parts) > 1 else " differs")
+    return "values differ"
+
+
+def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
+    """Problems found in one probe's result; an empty list means it passed."""
+    where = f" ({probe.label})" if probe.label else ""
+    status = got.get("status")
+    if status == "missing":
+        return [f"`{probe.target}` is not defined: did its cell run without errors?"]
+    if status == "timeout":
+        return [f"`{probe.target}` ran longer than {probe.time_limit:g} s{where}: an endless loop?"]
+    if status == "not-run":
+        return [got["reason"]]
+    if status != "ok":
+        error = got.get("error", "unknown error")
+        if error.startswith("NotImplementedError"):
+            return [f"`{probe.target}` is not implemented yet (it raises NotImplementedError)"]
+        return [f"`{probe.target}` raised {error}{where}"]
+    used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
+    used += sorted(f"nn.{m}" for m in set(got.get("submodules", [])) & BUILTIN_MODULES)
+    if probe.target in builtin_names and used:
+        return [f"`{probe.target}` calls {', '.join(used)}: this exercise asks you to build it "
+                "from scratch, so it earns no marks"]
+    expected = _call_reference(probe)
+    student = got["value"]
+    problem = _structure_problem(student, expected)
+    if problem:
+        return [f"`{probe.target}` {problem}{where}"]
+    problems = []
+    if not values_match(student, expected):
+        for mistake in probe.mistakes:
+            try:
+                wrong = mistake.compute(*([probe.reference] if isinstance(probe.reference, torch.nn.Module) else []),
+                                        *[_clone(a) for a in probe.args],
+                                        **{k: _clone(v) for k, v in probe.kwargs.items()})
+            except Exception:  # noqa: BLE001 - a mistake model that does not apply
+                continue
+            if values_match(student, _as_tuple(wrong) if isinstance(expected, tuple) else wrong):
+                return [f"{mistake.message}{where}"]
+        problems.append(f"`{probe.target}`: {_which_output_differs(student, expected)} from the "
+                        f"reference{where}")
+        for check in probe.checks:
+            hint = check(probe, student)
+            if hint:
+                problems.append(hint)
+        return problems
+    for check in probe.checks:
+        hint = check(probe, student)
+        if hint:
+            problems.append(hint)
+    changed = got.get("inputs_changed", [])
+    if changed:
+        names = ", ".join(f"`{_names(probe, i)}`" for i in changed)
+        problems.append(f"`{probe.target}` modified its input {names} in place; "
+                        "return new tensors instead")
+    if probe.cotangents:
+        problems += _judge_grads(probe, got)
+    return problems
+
+
+def _judge_grads(probe, got) -> list[str]:
+    if "grad_error" in got:
+        return [f"backpropagating through `{probe.target}` failed: {got['grad_error']}"]
+    out, args = _call_reference(probe, with_grad=True)
+    outs = [o for o in _as_tuple(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    loss = sum((o * c).sum() for o, c in zip(outs, probe.cotangents) if o.requires_grad)
+    loss.backward()
+    expected = {f"arg{i}": args[i].grad for i in probe.grad_args}
+    if isinstance(probe.reference, torch.nn.Module):
+        expected.update({f"param:{n}": p.grad for n, p in probe.reference.named_parameters()
+                         if n in (probe.state or {})})
+    grads = got.get("grads", {})
+    for key, want in expected.items():
+        have = grads.get(key)
+        name = key.split(":", 1)[1] if key.startswith("param:") else _names(probe, int(key[3:]))
+        if want is None:
+            continue
+        if have is None:
+            return [f"no gradient reaches `{name}`: is part of the computation detached "
+                    "(.detach(), .data, .item(), numpy)?"]
+        if not close(have, want):
+            return [f"the gradient with respect to `{name}` differs from the reference"]
+    return []
+
+
+def rows_sum_to_one(probe, value):
+    """Hint for (output, weights) results whose weights are not distributions."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], torch.Tensor):
+        weights = value[1]
+        if weights.is_floating_point() and weights.numel():
+            sums = weights.sum(-1)
+            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+                return "weights rows do not sum to 1: take the softmax over the last dimension (the keys)"
+    return None
+
+
+__all__ = ["HiddenTests", "Mistake", "Probe", "judge_probe", "rows_sum_to_one", "close"]

@@ -1,0 +1,180 @@
+"""Kernel side of the hidden tests (imported in the kernel as ``attn_probe``).
+
+A hidden test cell calls ``run(test_id, globals())``. The grader has just written the
+cases for that test (inputs only, never expected values) to ``$ATTN_GRADER_CASES``;
+this module calls the submitted code on them and writes what came back to
+``$ATTN_GRADER_RESULTS``. All comparisons happen later, in the grader's own process,
+which never runs submitted code: nothing done here can award points by itself.
+"""
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+MAX_ELEMENTS = 2_000_000  # a result larger than this is not copied back
+
+
+class ProbeTimeout(BaseException):
+    """Raised inside submitted code that runs past its time limit."""
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _tensor(arrays, ref):
+    return torch.from_numpy(np.array(arrays[ref]))
+
+
+def _decode(value, arrays):
+    if isinstance(value, dict) and "t" in value:
+        return _tensor(arrays, value["t"])
+    if isinstance(value, dict) and "v" in value:
+        return value["v"]
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    return value
+
+
+class _Writer:
+    def __init__(self, prefix):
+        self.prefix, self.arrays = prefix, {}
+
+    def put(self, value):
+        """Describe one returned value; tensors go to the array store."""
+        if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
+            if value.numel() > MAX_ELEMENTS:
+                return {"kind": "tensor-too-large", "shape": list(value.shape)}
+            key = f"{self.prefix}{len(self.arrays)}"
+            data = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+            self.arrays[key] = data.numpy().copy()
+            return {"kind": "tensor", "ref": key, "dtype": str(data.dtype).replace("torch.", ""),
+                    "requires_grad": bool(value.requires_grad)}
+        if isinstance(value, torch.Tensor):
+            return {"kind": "tensor-subclass", "type": type(value).__name__}
+        if isinstance(value, (tuple, list)):
+            return {"kind": type(value).__name__, "items": [self.put(v) for v in value]}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"kind": "python", "type": type(value).__name__}
+        return {"kind": "other", "type": type(value).__name__}
+
+
+def _error_text(err):
+    tb = traceback.extract_tb(err.__traceback__)
+    where = ""
+    for frame in reversed(tb):  # innermost frame of submitted code
+        if frame.filename.startswith("<ipython-input") or "ipykernel_" in frame.filename:
+            where = f" (line {frame.lineno}: {frame.line.strip()[:120]})" if frame.line else ""
+            break
+    message = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    return f"{type(err).__name__}: {message}{where}" if message else f"{type(err).__name__}{where}"
+
+
+def _on_alarm(signum, frame):
+    raise ProbeTimeout()
+
+
+def _call_one(probe, arrays, ns, writer):
+    result = {"status": "ok"}
+    deps_saved = {}
+    for name, source in probe.get("deps", {}).items():
+        env = {"__name__": "attn_reference_dependency"}
+        exec(compile(source, f"<reference {name}>", "exec"), env)
+        deps_saved[name] = ns.get(name, _MISSING)
+        ns[name] = env[name]
+    recorder = _Recorder()
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, float(probe.get("time_limit", 10)))
+    try:
+        target = ns.get(probe["target"], _MISSING)
+        if target is _MISSING:
+            return {"status": "missing"}
+        args = [_decode(a, arrays) for a in probe["args"]]
+        kwargs = {k: _decode(v, arrays) for k, v in probe["kwargs"].items()}
+        for i in probe.get("grad_args", []):
+            args[i].requires_grad_(True)
+        params = {}
+        if probe.get("init") is not None:
+            torch.manual_seed(0)
+            obj = target(**probe["init"])
+            with torch.no_grad():
+                for name, ref in probe.get("state", {}).items():
+                    obj.get_parameter(name).copy_(_tensor(arrays, ref))
+            params = {name: obj.get_parameter(name) for name in probe.get("state", {})}
+            if hasattr(obj, "modules"):
+                result["submodules"] = sorted({type(m).__name__ for m in obj.modules()})
+            if probe.get("train") is not None and hasattr(obj, "train"):
+                obj.train(probe["train"])
+            target = getattr(obj, probe.get("method") or "forward")
+        originals = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+        started = time.perf_counter()
+        with recorder:
+            out = target(*args, **kwargs)
+        result["seconds"] = time.perf_counter() - started
+        result["output"] = writer.put(out)
+        result["inputs_changed"] = [
+            i for i, (a, o) in enumerate(zip(args, originals))
+            if o is not None and not torch.equal(a.detach(), o)]
+        cotangents = [_tensor(arrays, c) for c in probe.get("cotangents", [])]
+        if cotangents:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            try:
+                loss = sum((o * c).sum() for o, c in zip(outs, cotangents)
+                           if isinstance(o, torch.Tensor) and o.requires_grad)
+                if isinstance(loss, torch.Tensor):
+                    loss.backward()
+                grads = {f"arg{i}": args[i].grad for i in probe.get("grad_args", [])}
+                grads.update({f"param:{n}": p.grad for n, p in params.items()})
+                result["grads"] = {k: writer.put(g) for k, g in grads.items()}
+            except Exception as err:  # noqa: BLE001 - reported, judged outside
+                result["grad_error"] = _error_text(err)
+    except ProbeTimeout:
+        result = {"status": "timeout"}
+    except Exception as err:  # noqa: BLE001
+        result = {"status": "error", "error": _error_text(err)}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        for name, saved in deps_saved.items():
+            if saved is _MISSING:
+                ns.pop(name, None)
+            else:
+                ns[name] = saved
+    result["torch_functions"] = sorted(recorder.names)
+    return result
+
+
+_MISSING = object()
+
+
+def run(test_id, ns):
+    cases_dir, results_dir = os.environ["ATTN_GRADER_CASES"], os.environ["ATTN_GRADER_RESULTS"]
+    with open(os.path.join(cases_dir, f"{test_id}.json")) as f:
+        spec = json.load(f)
+    with np.load(os.path.join(cases_dir, f"{test_id}.npz"), allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    writer = _Writer("r")
+    results = []
+    for probe in spec["probes"]:
+        outcome = _call_one(probe, arrays, ns, writer)
+        results.append(outcome)
+        if outcome["status"] == "timeout":
+            break  # the same code would loop again: leave the rest unrun
+    np.savez(os.path.join(results_dir, f"{test_id}.npz"), **writer.arrays)
+    with open(os.path.join(results_dir, f"{test_id}.json"), "w") as f:
+        json.dump({"test": test_id, "probes": results}, f)
+    if any(r["status"] == "timeout" for r in results):
+        # Skip the visible checks below: they would call the looping code again.
+        raise SystemExit("a call ran past its time limit")

@@ -1,0 +1,160 @@
+"""Generate every chapter artefact from its single source file in ``course/``.
+
+A chapter source ``course/NN_name.py`` is a percent-format Python file (see
+``course/README.md``). From it this package writes:
+
+* ``source/NN_name/NN_name.ipynb``: the nbgrader instructor notebook;
+* ``chapters/NN_name.ipynb``: the learner notebook, made from the instructor
+  notebook by nbgrader's own ``generate_assignment``;
+* ``solutions/chNN_name.py``: the reference module;
+* ``solutions/chNN_name_hidden.py``: the hidden tests (probes and judges).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE_DIR = ROOT / "course"
+NOTE = "generated from {src} by `make generate`; do not edit"
+
+_HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
+SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+KINDS = {"markdown", "code", "export", "exercise", "test", "hidden"}
+
+
+class SourceError(ValueError):
+    """A chapter source file breaks the cell format."""
+
+
+@dataclasses.dataclass
+class Cell:
+    kind: str
+    source: str
+    name: str | None = None  # grade_id for exercise and test cells
+    points: float | None = None
+    tags: tuple[str, ...] = ()
+    line: int = 0
+
+
+@dataclasses.dataclass
+class Chapter:
+    name: str  # e.g. "02_self_attention"
+    path: Path
+    cells: list[Cell]
+
+    @property
+    def module(self) -> str:
+        """Reference module name, e.g. ``ch02_self_attention``."""
+        return "ch" + self.name
+
+    def of_kind(self, kind: str) -> list[Cell]:
+        return [c for c in self.cells if c.kind == kind]
+
+    @property
+    def exercises(self) -> list[str]:
+        return [c.name for c in self.of_kind("exercise")]
+
+    def tests_of(self, exercise: str) -> list[Cell]:
+        return [c for c in self.of_kind("test") if exercise_of(c.name, self.exercises) == exercise]
+
+
+def exercise_of(test_id: str, exercises: list[str]) -> str | None:
+    """The exercise a test cell belongs to: the longest name that ``test_<name>`` starts."""
+    owners = [e for e in exercises if test_id == f"test_{e}" or test_id.startswith(f"test_{e}_")]
+    return max(owners, key=len) if owners else None
+
+
+def _parse_header(body: str | None, line: int) -> Cell:
+    words = (body or "").split()
+    kind = "code"
+    if words and "=" not in words[0]:
+        kind = words.pop(0)
+    if kind not in KINDS:
+        raise SourceError(f"line {line}: unknown cell kind {kind!r}")
+    cell = Cell(kind=kind, source="", line=line)
+    if kind in ("exercise", "test"):
+        if not words or "=" in words[0]:
+            raise SourceError(f"line {line}: a {kind} cell needs a name")
+        cell.name = words.pop(0)
+    for word in words:
+        key, _, value = word.partition("=")
+        if key == "points" and kind == "test":
+            cell.points = float(value)
+        elif key == "tags":
+            cell.tags = tuple(t for t in value.split(",") if t)
+        else:
+            raise SourceError(f"line {line}: unknown option {word!r}")
+    if kind == "test" and cell.points is None:
+        raise SourceError(f"line {line}: test cell {cell.name} needs points=N")
+    return cell
+
+
+def _finish(cell: Cell, lines: list[str]) -> Cell:
+    while lines and not lines[-1].strip():
+        lines.pop()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if cell.kind == "markdown":
+        body = []
+        for text in lines:
+            if text.strip() == "#":
+                body.append("")
+            elif text.startswith("# "):
+                body.append(text[2:])
+            else:
+                raise SourceError(f"line {cell.line}: markdown lines must start with '# '")
+        lines = body
+    cell.source = "\n".join(lines)
+    return cell
+
+
+def parse_chapter(path: Path) -> Chapter:
+    cells: list[Cell] = []
+    current: Cell | None = None
+    lines: list[str] = []
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        match = _HEADER.match(text)
+        if match:
+            if current is not None:
+                cells.append(_finish(current, lines))
+            current, lines = _parse_header(match.group("body"), number), []
+        elif current is None:
+            if text.strip():
+                raise SourceError(f"{path.name}:{number}: text before the first '# %%' cell")
+        else:
+            lines.append(text)
+    if current is not None:
+        cells.append(_finish(current, lines))
+    chapter = Chapter(name=path.stem, path=path, cells=cells)
+    _validate(chapter)
+    return chapter
+
+
+def _validate(chapter: Chapter) -> None:
+    seen: set[str] = set()
+    for cell in chapter.cells:
+        where = f"{chapter.path.name}:{cell.line}"
+        if cell.name:
+            if cell.name in seen:
+                raise SourceError(f"{where}: duplicate cell name {cell.name}")
+            seen.add(cell.name)
+        if cell.kind == "exercise":
+            if cell.source.count(SOLUTION_BEGIN) != 1 or cell.source.count(SOLUTION_END) != 1:
+                raise SourceError(f"{where}: exercise {cell.name} needs one solution region")
+        elif SOLUTION_BEGIN in cell.source or HIDDEN_BEGIN in cell.source:
+            raise SourceError(f"{where}: markers belong in exercise cells only")
+        if cell.kind == "test" and exercise_of(cell.name, chapter.exercises) is None:
+            raise SourceError(f"{where}: test {cell.name} does not start with test_<exercise name>")
+
+
+def chapters() -> list[Chapter]:
+    return [parse_chapter(p) for p in sorted(COURSE_DIR.glob("[0-9][0-9]_*.py"))]
+
+
+def strip_solution_markers(source: str) -> str:
+    return "\n".join(
+        line for line in source.splitlines() if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END)
+    )

@@ -1,0 +1,166 @@
+"""Turn a parsed chapter into its instructor notebook, reference and hidden modules."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from autograder.env import with_python_bin_on_path
+
+from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
+
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def probe_call(test_id: str) -> str:
+    """The hidden block that opens every test cell: the kernel side of the grader."""
+    return "\n".join([
+        HIDDEN_BEGIN,
+        f'__import__("attn_probe").run({test_id!r}, globals())',
+        HIDDEN_END,
+    ])
+
+
+def _nbgrader_meta(cell) -> dict | None:
+    if cell.kind == "exercise":
+        return {"grade": False, "solution": True, "locked": False, "task": False,
+                "grade_id": cell.name, "schema_version": 3}
+    if cell.kind == "test":
+        return {"grade": True, "solution": False, "locked": True, "task": False,
+                "grade_id": cell.name, "points": cell.points, "schema_version": 3}
+    return None
+
+
+def instructor_notebook(chapter: Chapter) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": KERNELSPEC,
+        "language_info": {"name": "python"},
+        "course": {
+            "chapter": chapter.name,
+            "note": NOTE.format(src=f"course/{chapter.path.name}"),
+        },
+    }
+    for cell in chapter.cells:
+        if cell.kind == "hidden":
+            continue
+        if cell.kind == "markdown":
+            new = nbformat.v4.new_markdown_cell(cell.source)
+        else:
+            source = cell.source
+            if cell.kind == "test":
+                source = probe_call(cell.name) + "\n" + source
+            new = nbformat.v4.new_code_cell(source)
+        new.metadata = {}
+        meta = _nbgrader_meta(cell)
+        if meta:
+            new.metadata["nbgrader"] = meta
+        if cell.kind in ("code", "export"):
+            new.metadata["course"] = {"role": "given" if cell.kind == "code" else "export"}
+        if cell.tags:
+            new.metadata["tags"] = list(cell.tags)
+        new.pop("id", None)
+        nb.cells.append(new)
+    return _without_cell_ids(nb)
+
+
+def _without_cell_ids(nb):
+    """Stable output: nbformat 4.5 random cell ids would make every build differ."""
+    nb.nbformat_minor = 4
+    for cell in nb.cells:
+        cell.pop("id", None)
+    return nb
+
+
+def _module_header(chapter: Chapter, what: str) -> str:
+    return f'"""{what} for chapter {chapter.name}.\n\n{NOTE.format(src=f"course/{chapter.path.name}")}.\n"""\n'
+
+
+def reference_module(chapter: Chapter) -> str:
+    exports = [c.source for c in chapter.of_kind("export")]
+    parts = [_module_header(chapter, "Reference solution (instructor-only)"), *exports]
+    parts += [strip_solution_markers(c.source) for c in chapter.of_kind("exercise")]
+    # The given imports, for running one exercise on its own (grader substitution).
+    parts.append(f"EXPORTS_SOURCE = {chr(10).join(exports)!r}")
+    return "\n\n\n".join(parts) + "\n"
+
+
+def hidden_module(chapter: Chapter) -> str:
+    parts = [_module_header(chapter, "Hidden tests (instructor-only)")]
+    parts += [c.source for c in chapter.of_kind("hidden")]
+    return "\n\n\n".join(parts) + "\n"
+
+
+def dumps_notebook(nb) -> str:
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> str:
+    """Run nbgrader generate_assignment on the instructor notebook in a scratch course."""
+    with tempfile.TemporaryDirectory(prefix="coursegen-") as tmp:
+        course = Path(tmp)
+        src = course / "source" / chapter.name
+        src.mkdir(parents=True)
+        (src / f"{chapter.name}.ipynb").write_text(dumps_notebook(instructor))
+        (course / "nbgrader_config.py").write_text(
+            "c = get_config()\n"
+            f"c.CourseDirectory.root = {str(course)!r}\n"
+            "c.CourseDirectory.course_id = 'attention-from-scratch'\n"
+        )
+        env = with_python_bin_on_path({**os.environ, "JUPYTER_CONFIG_DIR": str(course / ".jupyter")})
+        proc = subprocess.run(
+            [sys.executable, "-m", "nbgrader", "generate_assignment", chapter.name,
+             "--force", "--log-level=ERROR"],
+            cwd=course, env=env, capture_output=True, text=True,
+        )
+        released = course / "release" / chapter.name / f"{chapter.name}.ipynb"
+        if proc.returncode != 0 or not released.exists():
+            raise RuntimeError(f"nbgrader generate_assignment failed:\n{proc.stdout}\n{proc.stderr}")
+        nb = nbformat.read(released, as_version=4)
+    return dumps_notebook(_without_cell_ids(nb))
+
+
+def artefacts(chapter: Chapter) -> dict[Path, str]:
+    """Every generated file of a chapter, path relative to the repository root -> text."""
+    instructor = instructor_notebook(chapter)
+    return {
+        Path("source") / chapter.name / f"{chapter.name}.ipynb": dumps_notebook(instructor),
+        Path("chapters") / f"{chapter.name}.ipynb": learner_notebook(chapter, instructor),
+        Path("solutions") / f"{chapter.module}.py": reference_module(chapter),
+        Path("solutions") / f"{chapter.module}_hidden.py": hidden_module(chapter),
+    }
+
+
+def write(files: dict[Path, str]) -> None:
+    for rel, text in files.items():
+        path = ROOT / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def drift(files: dict[Path, str]) -> list[str]:
+    problems = []
+    for rel, text in files.items():
+        path = ROOT / rel
+        if not path.exists():
+            problems.append(f"{rel}: missing (run `make generate`)")
+        elif path.read_text() != text:
+            problems.append(f"{rel}: differs from its source (run `make generate`, do not edit)")
+    return problems
+
+
+def clean_stale(chapters_seen: list[Chapter]) -> None:
+    """Remove generated files of chapters whose source is gone."""
+    names = {c.name for c in chapters_seen}
+    for nb in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"):
+        if nb.stem not in names:
+            nb.unlink()
+    for d in (ROOT / "source").glob("[0-9][0-9]_*"):
+        if d.name not in names:
+            shutil.rmtree(d)
