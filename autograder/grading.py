@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,7 +35,6 @@ CACHE = Path(os.environ.get("ATTN_GRADER_CACHE", ROOT / ".cache" / "grader"))
 SCRATCH_PARENT = Path(tempfile.gettempdir()) / "attn-grader"
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 COURSE_ID = "attention-from-scratch"
-HIDDEN_MARKERS = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "attn_probe")
 
 
 @dataclasses.dataclass
@@ -240,7 +240,7 @@ def _config(root: Path):
     c.CourseDirectory.root = str(root)
     c.CourseDirectory.course_id = COURSE_ID
     c.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
-    c.Execute.timeout = 60
+    c.Execute.timeout = int(os.environ.get("ATTN_GRADER_CELL_TIMEOUT", "60"))
     c.Execute.startup_timeout = 120
     c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
     from .execute import GuardedExecute
@@ -346,8 +346,12 @@ class Report:
 
 
 def grade(path: Path, student: str = "student", feedback_dir: Path | None = None,
-          chapter: str | None = None) -> Report:
-    """Grade one notebook. Raises SubmissionError for a file that is not gradable."""
+          chapter: str | None = None, keep_course: Path | None = None) -> Report:
+    """Grade one notebook. Raises SubmissionError for a file that is not gradable.
+
+    keep_course: copy the finished nbgrader course (gradebook, autograded notebook,
+    feedback) there, e.g. to run ``nbgrader export`` on it.
+    """
     nb, info = load(path, chapter)
     use_python_bin_on_path()
     template = course_template(info)
@@ -382,8 +386,11 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
             shutil.copyfile(autograded, work / "autograded-raw.ipynb")
         outcomes = session.judge(points)
         _store_scores(course, info, student, outcomes)
-        html = _feedback(api, course, info, student, autograded, outcomes)
+        submitted_text = "\n".join(c.source for c in nb.cells)
+        html = _feedback(api, course, info, student, autograded, outcomes, submitted_text)
         report = Report(info.name, student, outcomes)
+        if keep_course is not None:
+            shutil.copytree(course, keep_course, dirs_exist_ok=True)
         if feedback_dir is not None and html is not None:
             feedback_dir.mkdir(parents=True, exist_ok=True)
             report.feedback_html = feedback_dir / f"{student}-{info.name}.html"
@@ -404,7 +411,7 @@ def _store_scores(course, info, student, outcomes):
         gb.db.commit()
 
 
-def _feedback(api, course, info, student, autograded, outcomes) -> Path | None:
+def _feedback(api, course, info, student, autograded, outcomes, submitted_text) -> Path | None:
     """Render nbgrader feedback from a copy whose test cells show only the judge's verdict."""
     by_id = {o.test_id: o for o in outcomes}
     nb = nbformat.read(autograded, as_version=4)
@@ -426,19 +433,35 @@ def _feedback(api, course, info, student, autograded, outcomes) -> Path | None:
     html = course / "feedback" / student / info.name / f"{info.name}.html"
     if not result["success"] or not html.exists():
         return None
-    text = html.read_text(errors="replace")
-    if any(marker in text for marker in HIDDEN_MARKERS):
-        raise RuntimeError("feedback would reveal hidden test source; refusing to write it")
+    if reveals_hidden_source(html.read_text(errors="replace"), info, submitted_text):
+        html.unlink()  # never hand out hidden test source; the scores stand
+        return None
     return html
 
 
-def strip_hidden(source: str) -> str:
-    lines, inside = [], False
+def reveals_hidden_source(text: str, info: ChapterInfo, submitted_text: str) -> bool:
+    """Does rendered feedback contain a hidden-test line the submission did not write itself?"""
+    hidden_lines = set()
+    for cell in nbformat.read(info.instructor_notebook, as_version=4).cells:
+        hidden_lines.update(line.strip() for line in split_hidden(cell.source)[1] if line.strip())
+    import html as html_lib
+    plain = html_lib.unescape(re.sub(r"<[^>]+>", "", text))
+    return "BEGIN HIDDEN TESTS" in plain or any(
+        line in plain and line not in submitted_text for line in hidden_lines)
+
+
+def split_hidden(source: str) -> tuple[list[str], list[str]]:
+    """(visible lines, hidden-test lines) of a test cell's source."""
+    visible, hidden, inside = [], [], False
     for line in source.splitlines():
         if line.strip() == "### BEGIN HIDDEN TESTS":
             inside = True
         elif line.strip() == "### END HIDDEN TESTS":
             inside = False
-        elif not inside:
-            lines.append(line)
-    return "\n".join(lines)
+        else:
+            (hidden if inside else visible).append(line)
+    return visible, hidden
+
+
+def strip_hidden(source: str) -> str:
+    return "\n".join(split_hidden(source)[0])

@@ -37,7 +37,8 @@ def _install():
 
     path_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod",
                    "os.chown", "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move",
-                   "shutil.copyfile", "shutil.copytree", "os.chdir", "os.listdir", "os.scandir"}
+                   "shutil.copyfile", "shutil.copytree", "os.chdir", "os.listdir", "os.scandir",
+                   "sqlite3.connect", "glob.glob"}
     process_events = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                       "os.fork", "os.forkpty", "pty.spawn", "os.startfile"}
 
@@ -52,7 +53,7 @@ def _install():
             if kind == "deny" or (writing and kind != "write"):
                 refuse(f"opening {fsdecode(path)!r}")
         elif event in path_events:
-            reading = event in ("os.listdir", "os.scandir", "os.chdir")
+            reading = event in ("os.listdir", "os.scandir", "os.chdir", "glob.glob", "sqlite3.connect")
             for path in args[:2]:
                 if isinstance(path, (str, bytes, os.PathLike)):
                     kind = access(path)

@@ -241,6 +241,9 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         error = got.get("error", "unknown error")
         if error.startswith("NotImplementedError"):
             return [f"`{probe.target}` is not implemented yet (it raises NotImplementedError)"]
+        if "in-place operation" in error:
+            return [f"`{probe.target}` modifies an input in place{where}; return new tensors "
+                    f"instead ({error})"]
         return [f"`{probe.target}` raised {error}{where}"]
     used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
     used += sorted(f"nn.{m}" for m in set(got.get("submodules", [])) & BUILTIN_MODULES)

@@ -53,8 +53,11 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #    score $s_j = \mathrm{score}(q, k_j)$ instead of a yes or no. Here the score is a
 #    dot product: large when $q$ and $k_j$ point the same way.
 # 2. A softmax turns the scores into weights that are positive and sum to one:
+#
 #    $$\alpha_j = \frac{\exp(s_j)}{\sum_{j'} \exp(s_{j'})}.$$
+#
 # 3. The answer is a **blend** of all values, each in proportion to its weight:
+#
 #    $$\mathrm{out}(q) = \sum_j \alpha_j\, v_j .$$
 #
 # If one score dwarfs the others, the weights become one-hot and we are back to an
@@ -1099,14 +1102,14 @@ from autograder.hidden import HiddenTests, Mistake, rows_sum_to_one
 hidden = HiddenTests(ref, from_scratch={"scaled_dot_product_attention", "SelfAttention"})
 
 
-def _attend(q, k, v, mask=None, scale=None, dim=-1, invert=False, after=False):
+def _attend(q, k, v, mask=None, scale=None, dim=-1, invert=False, after=False, fill=float("-inf")):
     """Attention with one deliberate change, to recognise a common mistake."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q @ k.transpose(-2, -1) * scale
     if mask is not None and invert:
         mask = ~mask
     if mask is not None and not after:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~mask, fill)
     weights = torch.softmax(scores, dim=dim)
     if mask is not None and after:
         weights = weights * mask
@@ -1125,6 +1128,9 @@ SDPA_MISTAKES = [
             lambda q, k, v, mask=None: _attend(q, k, v, mask, dim=-2)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
             lambda q, k, v, mask=None: _attend(q, k, v, mask, invert=True)),
+    # An inverted mask leaves some rows fully masked: -1e9 makes them uniform, -inf NaN.
+    Mistake("mask polarity inverted: True means the query MAY attend to the key",
+            lambda q, k, v, mask=None: _attend(q, k, v, mask, invert=True, fill=-1e9)),
     Mistake("mask applied after the softmax: masked scores must be filled before it, "
             "so the remaining weights still sum to 1",
             lambda q, k, v, mask=None: _attend(q, k, v, mask, after=True)),
@@ -1218,12 +1224,13 @@ def _(t):
 
 
 # %% [hidden]
-def _module_attend(module, x, mask=None, scale=None, swap=False, raw_values=False, invert=False):
+def _module_attend(module, x, mask=None, scale=None, swap=False, raw_values=False, invert=False,
+                   fill=float("-inf")):
     q, k = module.W_q(x), module.W_k(x)
     if swap:
         q, k = k, q
     v = x if raw_values else module.W_v(x)
-    return _attend(q, k, v, mask, scale=scale, invert=invert)
+    return _attend(q, k, v, mask, scale=scale, invert=invert, fill=fill)
 
 
 SELF_ATTENTION_MISTAKES = [
@@ -1236,6 +1243,8 @@ SELF_ATTENTION_MISTAKES = [
             lambda m, x, mask=None: _module_attend(m, x, mask, raw_values=True)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
             lambda m, x, mask=None: _module_attend(m, x, mask, invert=True)),
+    Mistake("mask polarity inverted: True means the query MAY attend to the key",
+            lambda m, x, mask=None: _module_attend(m, x, mask, invert=True, fill=-1e9)),
     Mistake("mask ignored: pass it on to the attention", lambda m, x, mask=None: _module_attend(m, x)),
 ]
 SA = dict(mistakes=SELF_ATTENTION_MISTAKES, deps=("scaled_dot_product_attention",))

@@ -1,0 +1,373 @@
+"""The built book: no solution leaks, the learner notebook as download, offline math, figures.
+
+The book is built once per test session by ``python -m coursegen.book`` (the same command
+as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``).
+The browser checks open the pages in headless Debian Chromium, served from 127.0.0.1,
+and drive it over the DevTools protocol (``websocket-client``); Chromium is installed
+with apt-get when missing.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from bs4 import BeautifulSoup
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+CHAPTER = "02_self_attention"
+CHAPTER_PAGE = f"chapters/{CHAPTER}.html"
+LEARNER = ROOT / "chapters" / f"{CHAPTER}.ipynb"
+DOWNLOAD = HTML / "_sources" / "chapters" / f"{CHAPTER}.ipynb"
+MIN_FIGURES = 5
+
+LEAKS = [re.compile(p) for p in (rb"BEGIN SOLUTION", rb"END SOLUTION", rb"BEGIN HIDDEN TESTS",
+                                 rb"END HIDDEN TESTS", rb"attn_probe", rb"import solutions\b",
+                                 rb"from solutions(\.\w+)* import\b")]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--no-proxy-server", "--hide-scrollbars", "--window-size=1280,2400"]
+
+
+@pytest.fixture(scope="module")
+def book() -> Path:
+    """Build the book (always; the executed-notebook cache keeps warm builds short)."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "coursegen.book"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, (f"`python -m coursegen.book` failed (exit {proc.returncode}); "
+                                  f"warnings are errors.\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    print(f"book built in {time.perf_counter() - started:.1f} s")
+    assert (HTML / CHAPTER_PAGE).is_file()
+    return HTML
+
+
+def _soup(path: Path) -> BeautifulSoup:
+    return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+
+
+def _exercise_solutions() -> dict[str, str]:
+    from coursegen import parse_chapter, strip_solution_markers
+    chapter = parse_chapter(ROOT / "course" / f"{CHAPTER}.py")
+    return {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
+
+
+# --------------------------------------------------------------------------- static checks
+
+def test_no_solution_or_hidden_test_text_anywhere(book):
+    leaked = []
+    for path in sorted(book.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            leaked += [f"{path.relative_to(book)}: {p.pattern.decode()}" for p in LEAKS if p.search(data)]
+    assert not leaked, "solution or hidden-test text in the built book:\n" + "\n".join(leaked)
+
+
+def test_download_button_serves_the_learner_notebook(book):
+    page = _soup(book / CHAPTER_PAGE)
+    links = [a["href"] for a in page.select("a.btn-download-source-button")]
+    assert links == [f"../_sources/chapters/{CHAPTER}.ipynb"], f"download links: {links}"
+    assert DOWNLOAD.read_bytes() == LEARNER.read_bytes(), \
+        "the downloadable notebook is not byte for byte chapters/02_self_attention.ipynb"
+    nb = nbformat.read(DOWNLOAD, as_version=4)
+    for number, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, \
+                f"the downloadable notebook has outputs in cell {number}"
+
+
+def test_code_cells_on_the_page_are_the_learner_notebook(book):
+    """Every code block shows the learner's source; exercise cells show only the stub."""
+    nb = nbformat.read(LEARNER, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])
+            and "remove-input" not in c.metadata.get("tags", [])]
+    cells = _soup(book / CHAPTER_PAGE).select("article div.cell")
+    assert len(cells) == len(code), f"{len(cells)} code cells on the page, {len(code)} in the notebook"
+
+    solutions = _exercise_solutions()
+    exercises = 0
+    for number, (cell, html_cell) in enumerate(zip(code, cells), start=1):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        label = f"code cell {number}" + (f" ({grade_id})" if grade_id else "")
+        pre = html_cell.select_one("div.cell_input pre")
+        assert pre is not None, f"no source shown for {label}"
+        shown = pre.get_text().rstrip()
+        if not cell.metadata.get("nbgrader", {}).get("solution"):
+            assert shown == cell.source.rstrip(), f"{label} on the page differs from the notebook"
+            continue
+        exercises += 1
+        assert "raise NotImplementedError" in shown, f"exercise {grade_id} does not show the stub"
+        assert html_cell.select_one("div.cell_output") is None, f"exercise {grade_id} shows an output"
+        reference = solutions[grade_id]
+        solution_only = set(re.findall(r"[A-Za-z_]\w*", reference)) - set(re.findall(r"[A-Za-z_]\w*", cell.source))
+        assert solution_only, f"reference of {grade_id} has no identifier the stub lacks: check is vacuous"
+        visible = solution_only & set(re.findall(r"[A-Za-z_]\w*", shown))
+        assert not visible, f"exercise {grade_id} shows reference code: {sorted(visible)}"
+        code_lines = {ln.strip() for ln in reference.splitlines() if ln.strip() and not ln.strip().startswith("#")}
+        stub_lines = {ln.strip() for ln in cell.source.splitlines()}
+        assert not (code_lines - stub_lines) & {ln.strip() for ln in shown.splitlines()}, \
+            f"exercise {grade_id} shows lines of the reference solution"
+        assert shown == cell.source.rstrip(), f"exercise {grade_id} on the page differs from its stub"
+    assert exercises == len(solutions), f"{exercises} exercise cells on the page, {len(solutions)} exercises"
+    sdpa = next(h for c, h in zip(code, cells)
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "scaled_dot_product_attention")
+    assert "masked_fill" in solutions["scaled_dot_product_attention"]
+    assert "masked_fill" not in sdpa.get_text(), "the reference's masked_fill line is on the page"
+
+
+def _external(url: str | None) -> bool:
+    return bool(url) and re.match(r"\s*(https?:)?//", url, re.I) is not None
+
+
+def test_pages_load_nothing_from_the_network(book):
+    """Scripts, styles, fonts and images come from the book itself; MathJax from _static."""
+    bad = []
+    for path in sorted(book.rglob("*.html")):
+        if "_static" in path.relative_to(book).parts:
+            continue
+        page = _soup(path)
+        rel = path.relative_to(book)
+        for tag, attr in (("script", "src"), ("img", "src"), ("iframe", "src"), ("source", "src"),
+                          ("video", "src"), ("audio", "src"), ("embed", "src"), ("object", "data")):
+            bad += [f"{rel}: <{tag} {attr}={el[attr]}>" for el in page.find_all(tag) if _external(el.get(attr))]
+        for link in page.find_all("link"):
+            rels = {r.lower() for r in link.get("rel", [])}
+            if rels & {"stylesheet", "preload", "modulepreload", "prefetch", "icon", "shortcut",
+                       "apple-touch-icon", "manifest", "preconnect", "dns-prefetch"} and _external(link.get("href")):
+                bad.append(f"{rel}: <link rel={sorted(rels)} href={link['href']}>")
+        for style in page.find_all("style"):
+            bad += [f"{rel}: <style> {u}" for u in _css_external(style.get_text())]
+        mathjax = [s["src"] for s in page.find_all("script") if "mathjax" in s.get("src", "").lower()]
+        if page.select(".math"):
+            assert mathjax, f"{rel} has math but loads no MathJax"
+        for src in mathjax:
+            target = (path.parent / src.split("?")[0]).resolve()
+            assert "_static" in target.relative_to(book.resolve()).parts and target.is_file(), \
+                f"{rel} loads MathJax from {src}, not from a file in _static"
+    for css in sorted(book.rglob("*.css")):
+        bad += [f"{css.relative_to(book)}: {u}" for u in _css_external(css.read_text(errors="replace"))]
+    assert not bad, "pages need resources from the network:\n" + "\n".join(bad)
+
+
+def _css_external(text: str) -> list[str]:
+    urls = re.findall(r"url\(\s*['\"]?([^'\")]*)", text) + re.findall(r"@import\s+['\"]([^'\"]+)", text)
+    return [u for u in urls if _external(u)]
+
+
+# --------------------------------------------------------------------------- browser checks
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if not shutil.which("apt-get"):
+        pytest.skip("chromium is not installed and apt-get is unavailable to install it")
+    if os.geteuid() != 0:
+        pytest.skip("chromium is not installed and installing it with apt-get needs root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    found = shutil.which("chromium")
+    assert found, "apt-get installed chromium but it is not on PATH"
+    return found
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(book):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(book)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+class DevTools:
+    """A headless Chromium with one page, driven over the DevTools protocol."""
+
+    def __init__(self, binary: str, profile: Path):
+        import websocket  # websocket-client
+        profile.mkdir()
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
+             "--remote-debugging-port=0", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            assert self.proc.poll() is None, f"chromium exited with {self.proc.returncode}"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        targets = json.loads(opener.open(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
+        page = next(t for t in targets if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict] = []
+        for domain in ("Page", "Network", "Runtime"):
+            self.call(f"{domain}.enable")
+
+    def call(self, method: str, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                assert "error" not in msg, f"{method}: {msg['error']}"
+                return msg["result"]
+            if "method" in msg:
+                self.events.append(msg)
+
+    def wait_for(self, method: str, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        try:
+            while not any(e["method"] == method for e in self.events):
+                assert time.monotonic() < deadline, f"no {method} within {timeout} s"
+                self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+                msg = json.loads(self.ws.recv())
+                if "method" in msg:
+                    self.events.append(msg)
+        finally:
+            self.ws.settimeout(60)
+
+    def settle(self, seconds: float = 1.0) -> None:
+        """Let the page run a little longer, then collect the events it sent meanwhile."""
+        time.sleep(seconds)
+        self.call("Runtime.evaluate", expression="0")
+
+    def open(self, url: str) -> None:
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        self.wait_for("Page.loadEventFired")
+
+    def evaluate(self, expression: str):
+        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True,
+                           timeout=60000)
+        assert "exceptionDetails" not in result, f"page script failed: {result['exceptionDetails']}"
+        return result["result"].get("value")
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium, tmp_path_factory):
+    devtools = DevTools(chromium, tmp_path_factory.mktemp("chromium") / "profile")
+    yield devtools
+    devtools.close()
+
+
+PAGE_REPORT = r"""
+(async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  const article = document.querySelector("article.bd-article");
+  const imgs = [...article.querySelectorAll("img")];
+  await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })));
+  const items = window.MathJax && MathJax.startup && MathJax.startup.document
+      ? Array.from(MathJax.startup.document.math) : [];
+  const mathErrors = items.map(m => [m.math, MathJax.startup.toMML(m.root)])
+      .filter(([tex, mml]) => /<merror|mathcolor="red"/.test(mml)).map(([tex]) => tex);
+  const prose = article.cloneNode(true);
+  prose.querySelectorAll("div.cell, pre, code, mjx-container, script, style").forEach(e => e.remove());
+  return {
+    mathjax: window.MathJax && MathJax.version,
+    mathjaxSrc: [...document.scripts].map(s => s.src).filter(s => /mathjax/i.test(s)),
+    containers: article.querySelectorAll("mjx-container").length,
+    mathNodes: article.querySelectorAll(".math").length,
+    untypeset: [...article.querySelectorAll(".math")].filter(e => !e.querySelector("mjx-container"))
+        .map(e => e.textContent.slice(0, 80)),
+    errorNodes: document.querySelectorAll("mjx-merror, [data-mjx-error]").length,
+    mathErrors: mathErrors,
+    leftoverTex: (prose.textContent.match(/.{0,40}(\$|\\\(|\\\[).{0,40}/g) || []),
+    images: imgs.map(i => ({src: i.currentSrc, width: i.naturalWidth, height: i.naturalHeight})),
+  };
+})()
+"""
+
+
+def _requests(devtools: DevTools, origin: str) -> tuple[list[str], list[str]]:
+    """(URLs fetched outside the book's server, failed requests) since the last navigation."""
+    urls = {e["params"]["requestId"]: e["params"]["request"]["url"]
+            for e in devtools.events if e["method"] == "Network.requestWillBeSent"}
+    outside = sorted({u for u in urls.values() if not u.startswith((origin + "/", "data:", "blob:", "about:"))})
+    failed = [f"{urls.get(e['params']['requestId'])}: {e['params'].get('errorText')}"
+              for e in devtools.events if e["method"] == "Network.loadingFailed"]
+    failed += [f"{e['params']['response']['url']}: HTTP {e['params']['response']['status']}"
+               for e in devtools.events if e["method"] == "Network.responseReceived"
+               and e["params"]["response"]["status"] >= 400]
+    return outside, [f for f in failed if "/favicon.ico" not in f]  # the browser asks for one itself
+
+
+@pytest.mark.parametrize("page", ["intro.html", "search.html", "genindex.html"])
+def test_other_pages_load_offline(browser, server, page):
+    browser.open(f"{server}/{page}")
+    browser.settle()
+    outside, failed = _requests(browser, server)
+    assert not outside, f"{page} fetched from outside the book: {outside}"
+    assert not failed, f"{page} failed to load: {failed}"
+
+
+def test_chapter_page_renders_math_and_figures_offline(browser, server):
+    browser.open(f"{server}/{CHAPTER_PAGE}")
+    report = browser.evaluate(PAGE_REPORT)
+    browser.settle()
+    exceptions = [e["params"]["exceptionDetails"].get("exception", {}).get("description", "")
+                  or e["params"]["exceptionDetails"].get("text", "")
+                  for e in browser.events if e["method"] == "Runtime.exceptionThrown"]
+    shot = browser.call("Page.captureScreenshot", format="png")
+    screenshot = ROOT / "_build" / "screenshots" / f"{CHAPTER}.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    screenshot.write_bytes(base64.b64decode(shot["data"]))
+
+    assert report["mathjax"] and report["mathjax"].startswith("3."), f"MathJax did not load: {report['mathjax']}"
+    assert [s.split("?")[0] for s in report["mathjaxSrc"]] == [f"{server}/_static/mathjax/tex-chtml.js"], \
+        f"MathJax is not loaded from the book's _static: {report['mathjaxSrc']}"
+    assert report["mathNodes"] >= 50 and report["containers"] >= report["mathNodes"], \
+        f"{report['containers']} typeset formulas for {report['mathNodes']} math nodes"
+    assert not report["untypeset"], f"math left untypeset: {report['untypeset'][:5]}"
+    assert report["errorNodes"] == 0 and not report["mathErrors"], f"MathJax errors in: {report['mathErrors']}"
+    assert not report["leftoverTex"], f"TeX delimiters left in the prose: {report['leftoverTex'][:5]}"
+
+    images = report["images"]
+    assert len(images) >= MIN_FIGURES, f"only {len(images)} figures on the page"
+    broken = [i["src"] for i in images if i["width"] <= 0 or i["height"] <= 0]
+    assert not broken, f"figures that did not load: {broken}"
+    for image in images:
+        assert image["src"].startswith(f"{server}/_images/"), image["src"]
+        data = (HTML / image["src"][len(server) + 1:]).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n"), f"{image['src']} is not a PNG"
+
+    outside, failed = _requests(browser, server)
+    assert not outside, f"the chapter page fetched from outside the book: {outside}"
+    assert not failed, f"requests of the chapter page failed: {failed}"
+    assert not exceptions, f"JavaScript errors on the chapter page: {exceptions}"

@@ -1,0 +1,133 @@
+"""`python -m autograder grade`: output formats, exit status, and malformed submissions."""
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT, scores_by_test, submission
+
+
+def grade_cli(path, *args):
+    return subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_json_output_follows_the_spec(tmp_path):
+    path = tmp_path / "02_self_attention.ipynb"
+    nbformat.write(submission(), path)
+    proc = grade_cli(path, "--json", "--feedback-dir", str(tmp_path / "fb"))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) == {"notebook", "score", "max_score", "exercises"}
+    assert data["notebook"] == "02_self_attention"
+    assert data["score"] == data["max_score"] == 10.0
+    assert list(data["exercises"]) == ["scaled_dot_product_attention", "causal_mask", "padding_mask",
+                                       "SelfAttention"]
+    for exercise in data["exercises"].values():
+        assert set(exercise) == {"score", "max_score", "feedback"}
+        assert exercise["score"] == exercise["max_score"]
+    html = (tmp_path / "fb" / "student-02_self_attention.html").read_text()
+    for secret in ("BEGIN HIDDEN", "attn_probe", "masked_fill"):
+        assert secret not in html
+
+
+def test_text_report_for_the_untouched_notebook():
+    proc = grade_cli(ROOT / "chapters" / "02_self_attention.ipynb")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("02_self_attention: 0 / 10 points")
+    assert "not implemented yet" in proc.stdout
+
+
+BAD_FILES = {
+    "empty.ipynb": b"",
+    "not_json.ipynb": b"{this is not json",
+    "list.ipynb": b"[1, 2, 3]",
+    "no_cells.ipynb": json.dumps({"metadata": {}, "nbformat": 4}).encode(),
+    "02_self_attention.ipynb": json.dumps({"cells": [], "metadata": {}, "nbformat": 5,
+                                           "nbformat_minor": 0}).encode(),
+    "homework.ipynb": nbformat.writes(nbformat.v4.new_notebook()).encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_ungradable_files_give_one_line_and_nonzero_exit(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(BAD_FILES[name])
+    proc = grade_cli(path, "--json")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+
+
+def test_missing_file(tmp_path):
+    proc = grade_cli(tmp_path / "nothing.ipynb")
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+# ------------------------------------------------------------ damaged but gradable notebooks
+def _damaged():
+    cases = {}
+    nb = submission()
+    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") not in
+                ("test_causal_mask", "padding_mask")]
+    cases["deleted_cells"] = (nb, {"test_padding_mask": "not defined"})
+
+    nb = submission()
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade") is True:
+            cell.source = "pass  # the learner emptied this test"
+    cases["edited_tests"] = (nb, {})
+
+    nb = submission()
+    test = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_causal_mask")
+    nb.cells.append(nbformat.from_dict(json.loads(json.dumps(test))))
+    nb.cells.append(nbformat.v4.new_markdown_cell(test.source))
+    nb.cells[-1].metadata = dict(test.metadata)
+    cases["duplicated_and_retyped_test"] = (nb, {})
+
+    nb = submission()
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "causal_mask":
+            cell.source = "def causal_mask(n):\n    return torch.ones(n, n, dtype=torch.bool).tril(\n"
+    cases["syntax_error"] = (nb, {"test_causal_mask": "not defined"})
+
+    nb = submission()
+    nb.nbformat_minor = 5
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i}"
+    cases["newer_minor_format_with_ids"] = (nb, {})
+
+    nb = submission(append=["while True:\n    print('spam ' * 200)"])
+    cases["endless_output_at_the_end"] = (nb, {})
+    return cases
+
+
+DAMAGED = _damaged()
+
+
+@pytest.fixture(scope="module")
+def damaged(grade_catalog):
+    return grade_catalog({f"damaged:{k}": v[0] for k, v in DAMAGED.items()})
+
+
+@pytest.mark.parametrize("name", list(DAMAGED))
+def test_damaged_notebooks_grade_on_honest_tests(damaged, name):
+    result = damaged[f"damaged:{name}"]
+    assert "error" not in result, result
+    expected = DAMAGED[name][1]
+    for test_id, line in scores_by_test(result).items():
+        if test_id in expected:
+            assert "(0/1)" in line and expected[test_id] in line, line
+        else:
+            assert "(1/1): passed" in line, line
+
+
+def test_renamed_notebook_is_recognised_by_its_metadata(tmp_path):
+    path = tmp_path / "my homework (final).ipynb"
+    nbformat.write(submission(), path)
+    proc = grade_cli(path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["score"] == 10.0

@@ -1,0 +1,296 @@
+"""Hidden tests of Chapter 2 against a catalog of correct, wrong and hostile submissions.
+
+Every notebook is graded by the real pipeline (nbgrader autograde in a guarded kernel,
+judged in the grader's own process). Expectations are written per test cell:
+``full`` means 10/10; otherwise the listed tests must fail with the given message
+fragment and every other test must pass.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import ROOT, scores_by_test, submission
+
+ALL_TESTS = [
+    "test_scaled_dot_product_attention_worked_example", "test_scaled_dot_product_attention_shapes",
+    "test_scaled_dot_product_attention_values", "test_scaled_dot_product_attention_mask",
+    "test_causal_mask", "test_padding_mask", "test_SelfAttention_shapes", "test_SelfAttention_values",
+    "test_SelfAttention_mask", "test_SelfAttention_gradients",
+]
+SDPA_TESTS = ALL_TESTS[:4]
+SA_TESTS = ALL_TESTS[6:]
+
+
+def sdpa(body: str) -> str:
+    return ("def scaled_dot_product_attention(query, key, value, mask=None):\n"
+            + textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n")
+
+
+def self_attention(forward_body: str) -> str:
+    return textwrap.dedent('''
+        class SelfAttention(nn.Module):
+            def __init__(self, d_model, d_k, d_v):
+                super().__init__()
+                self.d_k = d_k
+                self.W_q = nn.Linear(d_model, d_k)
+                self.W_k = nn.Linear(d_model, d_k)
+                self.W_v = nn.Linear(d_model, d_v)
+
+            def forward(self, x, mask=None):
+        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+
+
+# ------------------------------------------------------------------ correct, other styles
+CORRECT = {
+    "reference": submission(),
+    "style_minus_1e9_matmul": submission({
+        "scaled_dot_product_attention": sdpa("""
+            d_k = key.shape[-1]
+            scores = torch.matmul(query, key.transpose(-1, -2)) / d_k ** 0.5
+            if mask is not None:
+                scores = scores.masked_fill(mask == 0, -1e9)
+            weights = F.softmax(scores, dim=-1)
+            return torch.matmul(weights, value), weights
+        """),
+        "causal_mask": "def causal_mask(n):\n    return torch.tril(torch.ones(n, n)).bool()\n",
+        "padding_mask": "def padding_mask(lengths, max_len):\n"
+                        "    return torch.arange(max_len)[None, :] < lengths[:, None]\n",
+    }),
+    "style_einsum_where_finfo": submission({
+        "scaled_dot_product_attention": sdpa("""
+            scores = torch.einsum('...qd,...kd->...qk', query, key) * query.size(-1) ** -0.5
+            if mask is not None:
+                scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+            weights = scores.softmax(-1)
+            return torch.einsum('...qk,...kd->...qd', weights, value), weights
+        """),
+        "causal_mask": "def causal_mask(n):\n    i = torch.arange(n)\n    return i[:, None] >= i[None, :]\n",
+        "padding_mask": "def padding_mask(lengths, max_len):\n"
+                        "    return lengths.unsqueeze(-1) > torch.arange(max_len, device=lengths.device)\n",
+        "SelfAttention": self_attention("""
+            q = x @ self.W_q.weight.T + self.W_q.bias
+            k = x @ self.W_k.weight.T + self.W_k.bias
+            v = x @ self.W_v.weight.T + self.W_v.bias
+            scores = q @ k.transpose(1, 2) / math.sqrt(self.d_k)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = scores.softmax(dim=-1)
+            return w @ v, w
+        """),
+    }),
+    "style_additive_mask_and_helper_cell": submission({
+        "scaled_dot_product_attention": sdpa("""
+            scores = query @ key.mT / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores + (~mask).to(scores.dtype) * -1e9
+            weights = my_softmax(scores)
+            print("debug: scores", tuple(scores.shape))
+            return weights @ value, weights
+        """),
+    }, prepend=["def my_softmax(s):\n    s = s - s.amax(-1, keepdim=True)\n    e = s.exp()\n"
+                "    return e / e.sum(-1, keepdim=True)\n"]),
+}
+
+# ------------------------------------------------------------------ common mistakes
+REF = "scaled_dot_product_attention(q, k, v, mask)"
+MISTAKES = {
+    "no_scale": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, -1)
+            return w @ value, w
+        """)}), {t: "not scaled by 1/sqrt(d_k)" for t in SDPA_TESTS}),
+    "scale_by_d_k": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1) / query.shape[-1]
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, -1)
+            return w @ value, w
+        """)}), {t: "1/d_k instead of 1/sqrt(d_k)" for t in SDPA_TESTS}),
+    "softmax_wrong_dim": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, dim=-2)
+            return w @ value, w
+        """)}), {t: "softmax taken over the queries" for t in SDPA_TESTS}),
+    "mask_inverted": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(mask, -1e9)
+            w = torch.softmax(scores, -1)
+            return w @ value, w
+        """)}), {"test_scaled_dot_product_attention_mask": "mask polarity inverted"}),
+    "mask_after_softmax": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            w = torch.softmax(scores, -1)
+            if mask is not None:
+                w = w * mask
+            return w @ value, w
+        """)}), {"test_scaled_dot_product_attention_mask": "mask applied after the softmax"}),
+    "in_place_scaling": (submission({"scaled_dot_product_attention": sdpa("""
+            query /= math.sqrt(query.shape[-1])
+            scores = query @ key.transpose(-2, -1)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, -1)
+            return w @ value, w
+        """)}), {t: "in place" for t in SDPA_TESTS}),
+    "detached_weights": (submission({"scaled_dot_product_attention": sdpa("""
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, -1).detach()
+            return w @ value, w
+        """)}), {t: "gradient" for t in SDPA_TESTS[2:]}),
+    "float32_cast": (submission({"scaled_dot_product_attention": sdpa("""
+            query, key, value = query.float(), key.float(), value.float()
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = torch.softmax(scores, -1)
+            return w @ value, w
+        """)}), {t: "dtype" for t in SDPA_TESTS[1:3]}),
+    "causal_triu": (submission({"causal_mask": "def causal_mask(n):\n    return torch.ones(n, n, dtype=torch.bool).triu()\n"}),
+                    {"test_causal_mask": "above the diagonal"}),
+    "causal_float": (submission({"causal_mask": "def causal_mask(n):\n    return torch.ones(n, n).tril()\n"}),
+                     {"test_causal_mask": "expected bool"}),
+    "padding_off_by_one": (submission({"padding_mask": "def padding_mask(lengths, max_len):\n"
+                                       "    return torch.arange(max_len)[None] <= lengths[:, None]\n"}),
+                           {"test_padding_mask": "off by one"}),
+    "padding_inverted": (submission({"padding_mask": "def padding_mask(lengths, max_len):\n"
+                                     "    return torch.arange(max_len)[None] >= lengths[:, None]\n"}),
+                         {"test_padding_mask": "polarity inverted"}),
+    "sa_scale_d_model": (submission({"SelfAttention": self_attention("""
+            q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            w = scores.softmax(-1)
+            return w @ v, w
+        """)}), {t: "1/sqrt(d_model)" for t in SA_TESTS}),
+    "sa_swapped_qk": (submission({"SelfAttention": self_attention("""
+            return scaled_dot_product_attention(self.W_k(x), self.W_q(x), self.W_v(x), mask)
+        """)}), {t: "swapped" for t in SA_TESTS}),
+    "sa_no_value_projection": (submission({"SelfAttention": self_attention("""
+            return scaled_dot_product_attention(self.W_q(x), self.W_k(x), x, mask)
+        """)}), {"test_SelfAttention_shapes": "returned shape", "test_SelfAttention_values": "missing value projection",
+                 "test_SelfAttention_mask": "returned shape", "test_SelfAttention_gradients": "returned shape"}),
+    "sa_mask_dropped": (submission({"SelfAttention": self_attention("""
+            return scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x))
+        """)}), {"test_SelfAttention_mask": "mask ignored", "test_SelfAttention_gradients": "mask ignored"}),
+    "builtin_sdpa": (submission({"scaled_dot_product_attention": sdpa("""
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return out, scores.softmax(-1)
+        """)}), {t: "build it from scratch" for t in SDPA_TESTS}),
+    "builtin_sdpa_obfuscated": (submission({"scaled_dot_product_attention": sdpa("""
+            fn = getattr(F, "scaled_dot_" + "product_attention")
+            out = fn(query, key, value, attn_mask=mask)
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return out, scores.softmax(-1)
+        """)}), {t: "build it from scratch" for t in SDPA_TESTS}),
+    "builtin_in_self_attention": (submission({"SelfAttention": self_attention("""
+            q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return out, scaled_dot_product_attention(q, k, v, mask)[1]
+        """)}), {t: "build it from scratch" for t in SA_TESTS}),
+}
+
+# ------------------------------------------------------------------ independence
+INDEPENDENT = {
+    # A broken attention function must not cost points in SelfAttention, which calls it.
+    "broken_sdpa_calls_from_self_attention": (
+        submission({"scaled_dot_product_attention": sdpa("return value, None")}),
+        {t: "" for t in SDPA_TESTS}),
+    "looping_sdpa": (submission({"scaled_dot_product_attention": sdpa("while True:\n    pass")}),
+                     {t: "longer than" for t in SDPA_TESTS}),
+    "stub_masks_only": (submission(base="reference", answers={
+        "causal_mask": "def causal_mask(n):\n    raise NotImplementedError()\n",
+        "padding_mask": "def padding_mask(lengths, max_len):\n    raise NotImplementedError()\n"}),
+        {"test_causal_mask": "not implemented yet", "test_padding_mask": "not implemented yet"}),
+}
+
+# ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
+PRIVATE = ROOT
+TAMPERING = {
+    "stub": [],
+    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
+                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
+                       "torch.testing.assert_close = lambda *a, **k: None"],
+    "silence_tracebacks": ["ip = get_ipython()\nip.showtraceback = lambda *a, **k: None\n"
+                           "ip.set_custom_exc((BaseException,), lambda *a, **k: None)"],
+    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
+                          "def run(test_id, ns):\n"
+                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
+                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
+                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
+    "import_reference": [f"import sys\nsys.path.insert(0, {str(PRIVATE)!r})\n"
+                         "from solutions.ch02_self_attention import *"],
+    "exec_reference_file": [f"exec(open({str(PRIVATE / 'solutions' / 'ch02_self_attention.py')!r}).read())"],
+    "read_gradebook": ["import sqlite3, glob, os\n"
+                       "for db in glob.glob('/tmp/attn-grader/*/course/gradebook.db') + glob.glob('../../../gradebook.db'):\n"
+                       "    print(sqlite3.connect(db).execute('select source from source_cell').fetchall())"],
+    "tensor_subclass": ["class Liar(torch.Tensor):\n"
+                        "    def __eq__(self, other): return True\n"
+                        "def scaled_dot_product_attention(query, key, value, mask=None):\n"
+                        "    z = torch.zeros(*query.shape[:-1], value.shape[-1]).as_subclass(Liar)\n"
+                        "    return z, torch.zeros(*query.shape[:-1], key.shape[-2]).as_subclass(Liar)"],
+    "kill_grader": ["import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept Exception as e:\n    print(e)"],
+    "overwrite_grader": [f"open({str(ROOT / 'autograder' / 'hidden.py')!r}, 'a').write('# pwned')"],
+    "exit_kernel": ["import os\nos._exit(0)"],
+    "sys_exit": ["import sys\nsys.exit(0)"],
+}
+
+
+def _tampered(tricks):
+    return submission(base="stub", prepend=tricks)
+
+
+CATALOG = {**{f"correct:{k}": v for k, v in CORRECT.items()},
+           **{f"mistake:{k}": v[0] for k, v in MISTAKES.items()},
+           **{f"independent:{k}": v[0] for k, v in INDEPENDENT.items()},
+           **{f"tamper:{k}": _tampered(v) for k, v in TAMPERING.items()}}
+
+
+@pytest.fixture(scope="module")
+def graded(grade_catalog):
+    return grade_catalog(CATALOG)
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_styles_get_full_marks(graded, name):
+    result = graded[f"correct:{name}"]
+    assert result.get("score") == 10.0, result
+
+
+@pytest.mark.parametrize("name", list(MISTAKES) + list(INDEPENDENT))
+def test_mistakes_lose_exactly_their_points_with_a_named_reason(graded, name):
+    expected = (MISTAKES | INDEPENDENT)[name][1]
+    result = graded[f"mistake:{name}" if name in MISTAKES else f"independent:{name}"]
+    assert "error" not in result, result
+    lines = scores_by_test(result)
+    for test_id in ALL_TESTS:
+        if test_id in expected:
+            assert "(0/1)" in lines[test_id], (test_id, lines[test_id])
+            assert expected[test_id] in lines[test_id], (test_id, lines[test_id])
+        else:
+            assert "(1/1): passed" in lines[test_id], (test_id, lines[test_id])
+
+
+@pytest.mark.parametrize("name", list(TAMPERING))
+def test_tampering_gains_nothing(graded, name):
+    result = graded[f"tamper:{name}"]
+    assert "error" not in result, result
+    assert result["score"] == 0.0, result
+
+
+def test_grader_files_untouched():
+    assert "# pwned" not in (ROOT / "autograder" / "hidden.py").read_text()

@@ -1,0 +1,53 @@
+"""nbgrader end to end on a temporary course: release, grade, feedback, export."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from conftest import ROOT, submission
+
+from autograder.env import with_python_bin_on_path
+
+
+def nbgrader(course: Path, *args):
+    config = course / "nbgrader_config.py"
+    if not config.exists():
+        config.write_text("c = get_config()\nc.CourseDirectory.course_id = 'attention-from-scratch'\n")
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args, "--log-level=ERROR"], cwd=course,
+                          capture_output=True, text=True, env=with_python_bin_on_path(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_release_matches_the_learner_notebook(tmp_path):
+    course = tmp_path / "course"
+    (course / "source" / "02_self_attention").mkdir(parents=True)
+    src = ROOT / "source" / "02_self_attention" / "02_self_attention.ipynb"
+    (course / "source" / "02_self_attention" / src.name).write_bytes(src.read_bytes())
+    nbgrader(course, "generate_assignment", "02_self_attention")
+    released = nbformat.read(course / "release" / "02_self_attention" / src.name, as_version=4)
+    learner = nbformat.read(ROOT / "chapters" / src.name, as_version=4)
+    assert [c.source for c in released.cells] == [c.source for c in learner.cells]
+
+
+def test_grade_then_feedback_and_export_with_nbgrader(tmp_path):
+    from autograder.grading import grade
+
+    path = tmp_path / "02_self_attention.ipynb"
+    nb = submission(answers={"causal_mask": "def causal_mask(n):\n    return torch.ones(n, n).bool().triu()\n"})
+    nbformat.write(nb, path)
+    course = tmp_path / "course"
+    report = grade(path, student="ada", keep_course=course)
+    assert report.as_json()["score"] == 9.0
+
+    nbgrader(course, "generate_feedback", "02_self_attention", "--force")
+    html = (course / "feedback" / "ada" / "02_self_attention" / "02_self_attention.html").read_text()
+    assert "above the diagonal" in html
+    for secret in ("BEGIN HIDDEN TESTS", "attn_probe", "ones(n, n, dtype=torch.bool).tril()"):
+        assert secret not in html
+
+    nbgrader(course, "export", "--to", str(tmp_path / "grades.csv"))
+    rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert [(r["student_id"], float(r["score"]), float(r["max_score"])) for r in rows] == [("ada", 9.0, 10.0)]
