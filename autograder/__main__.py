@@ -13,6 +13,8 @@ def _text_report(report) -> str:
     for name, ex in data["exercises"].items():
         lines.append(f"\n{name}: {ex['score']:g} / {ex['max_score']:g}")
         lines += [f"  {line}" for line in ex["feedback"]]
+    if report.repairs:
+        lines.append("\nrepaired before grading: " + "; ".join(report.repairs))
     if report.feedback_html:
         lines.append(f"\nfeedback: {report.feedback_html}")
     return "\n".join(lines)

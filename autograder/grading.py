@@ -29,7 +29,7 @@ import torch
 from . import hidden as H
 from .chapters import ChapterInfo
 from .env import ROOT, use_python_bin_on_path
-from .submission import load
+from .submission import load, repaired
 
 CACHE = Path(os.environ.get("ATTN_GRADER_CACHE", ROOT / ".cache" / "grader"))
 SCRATCH_PARENT = Path(tempfile.gettempdir()) / "attn-grader"
@@ -88,6 +88,10 @@ class GradingSession:
         """Substitute the reference for a dependency only once its own tests have all run."""
         return all(t in self.completed for t in self.test_order if _exercise_of(t, [dep]) == dep)
 
+    def _deps(self, probe: H.Probe) -> dict:
+        ready = [d for d in probe.deps if self._deps_ready(d)]
+        return {"names": ready, "source": self.hidden.dependency_source(ready)} if ready else {}
+
     def _encode(self, index, probe: H.Probe, arrays) -> dict:
         def enc(value):
             if isinstance(value, torch.Tensor):
@@ -105,7 +109,8 @@ class GradingSession:
             "state": {k: enc(v)["t"] for k, v in (probe.state or {}).items()},
             "grad_args": list(probe.grad_args),
             "cotangents": [enc(c)["t"] for c in probe.cotangents],
-            "deps": {d: self.hidden.dependency_source(d) for d in probe.deps if self._deps_ready(d)},
+            "deps": self._deps(probe),
+            "method": probe.method,
             "time_limit": probe.time_limit,
             "train": False if probe.init is not None else None,
         }
@@ -313,21 +318,13 @@ def _kernel_environment(work: Path, course: Path, notebook_dir: Path) -> dict:
     }
 
 
-def given_cells_removed(nb):
-    """Drop the chapter's given demo cells: exercises never need them and grading skips them."""
-    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    nb.cells = [c for c in nb.cells if not (
-        c.cell_type == "code" and c.metadata.get("course", {}).get("role") == "given"
-        and "nbgrader" not in c.metadata)]
-    return nb
-
-
 @dataclasses.dataclass
 class Report:
     chapter: str
     student: str
     outcomes: list[TestOutcome]
     feedback_html: Path | None = None
+    repairs: list[str] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict:
         exercises: dict[str, dict] = {}
@@ -363,7 +360,9 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
         shutil.copytree(template, course)
         submitted = course / "submitted" / student / info.name
         submitted.mkdir(parents=True)
-        nbformat.write(given_cells_removed(nb), submitted / f"{info.name}.ipynb")
+        release = nbformat.read(template / "release" / info.name / f"{info.name}.ipynb", as_version=4)
+        clean, repairs = repaired(nb, release)
+        nbformat.write(clean, submitted / f"{info.name}.ipynb")
         notebook_dir = course / "autograded" / student / info.name
         session = GradingSession(info, work, nb)
         os.environ.update(_kernel_environment(work, course, notebook_dir))
@@ -388,7 +387,7 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
         _store_scores(course, info, student, outcomes)
         submitted_text = "\n".join(c.source for c in nb.cells)
         html = _feedback(api, course, info, student, autograded, outcomes, submitted_text)
-        report = Report(info.name, student, outcomes)
+        report = Report(info.name, student, outcomes, repairs=repairs)
         if keep_course is not None:
             shutil.copytree(course, keep_course, dirs_exist_ok=True)
         if feedback_dir is not None and html is not None:

@@ -54,6 +54,7 @@ class Probe:
     mistakes: tuple = ()
     checks: tuple = ()  # callables (probe, outputs) -> message or None, run on passing values
     label: str = ""
+    method: str = "forward"  # for modules: the method under test
     time_limit: float = 10.0
     reference: Callable | None = None  # filled by the builder
     cotangents: tuple = ()
@@ -86,7 +87,13 @@ class Builder:
         return probe
 
     def module(self, name, init, *args, grad=False, mistakes=(), checks=(), label="", deps=(),
-               **kwargs):
+               method="forward", **kwargs):
+        """Probe ``name(**init).method(*args, **kwargs)`` with the reference's parameter values.
+
+        deps: exercises this one uses (called or constructed); while it is tested the
+        reference versions stand in for the learner's, so earlier mistakes cost nothing here.
+        Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
+        """
         cls = getattr(self.tests.reference, name)
         torch.manual_seed(int(self.gen.initial_seed()) % 2**31 + len(self.probes))
         module = cls(**init)
@@ -96,7 +103,7 @@ class Builder:
         probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
                       state={n: p.detach().clone() for n, p in module.named_parameters()},
                       grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
-                      label=label, deps=tuple(deps), reference=module)
+                      label=label, deps=tuple(deps), reference=module, method=method)
         if grad:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)
@@ -127,9 +134,11 @@ def _call_reference(probe, with_grad=False):
     for i in probe.grad_args:
         args[i].requires_grad_(with_grad)
     kwargs = {k: _clone(v) for k, v in probe.kwargs.items()}
-    if isinstance(probe.reference, torch.nn.Module):
-        probe.reference.zero_grad(set_to_none=True)
-    out = probe.reference(*args, **kwargs)
+    target = probe.reference
+    if isinstance(target, torch.nn.Module):
+        target.zero_grad(set_to_none=True)
+        target = getattr(target, probe.method)
+    out = target(*args, **kwargs)
     return out if not with_grad else (out, args)
 
 
@@ -150,9 +159,11 @@ class HiddenTests:
         self.builders[test_id](builder)
         return builder.probes
 
-    def dependency_source(self, name) -> str:
-        """Source that defines a dependency exercise as the reference does, for substitution."""
-        return self.reference.EXPORTS_SOURCE + "\n\n" + inspect.getsource(getattr(self.reference, name))
+    def dependency_source(self, names) -> str:
+        """Source that defines dependency exercises as the reference does, for substitution."""
+        parts = [self.reference.EXPORTS_SOURCE]
+        parts += [inspect.getsource(getattr(self.reference, name)) for name in names]
+        return "\n\n".join(parts)
 
 
 # ----------------------------------------------------------------------------- judging
@@ -183,8 +194,10 @@ def describe(value) -> str:
 
 
 def _names(probe, index):
-    params = list(inspect.signature(probe.reference.forward if isinstance(
-        probe.reference, torch.nn.Module) else probe.reference).parameters)
+    target = probe.reference
+    if isinstance(target, torch.nn.Module):
+        target = getattr(target, probe.method)
+    params = list(inspect.signature(target).parameters)
     return params[index] if index < len(params) else f"argument {index}"
 
 

@@ -89,11 +89,13 @@ def _on_alarm(signum, frame):
 def _call_one(probe, arrays, ns, writer):
     result = {"status": "ok"}
     deps_saved = {}
-    for name, source in probe.get("deps", {}).items():
+    deps = probe.get("deps") or {}
+    if deps:
         env = {"__name__": "attn_reference_dependency"}
-        exec(compile(source, f"<reference {name}>", "exec"), env)
-        deps_saved[name] = ns.get(name, _MISSING)
-        ns[name] = env[name]
+        exec(compile(deps["source"], "<reference dependencies>", "exec"), env)
+        for name in deps["names"]:
+            deps_saved[name] = ns.get(name, _MISSING)
+            ns[name] = env[name]
     recorder = _Recorder()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, float(probe.get("time_limit", 10)))

@@ -54,3 +54,61 @@ def _chapter_name(path: Path, nb, chapters) -> str | None:
         return path.stem
     meta = nb.metadata.get("course", {})
     return meta.get("chapter") if isinstance(meta, dict) else None
+
+
+def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The submission in a shape nbgrader always accepts, and what was repaired.
+
+    Course cells (by nbgrader grade_id) get their released metadata and type back; a test
+    cell that was deleted, renamed or re-typed is put back from the released notebook
+    (nbgrader then restores its hidden part); duplicates of a course cell lose their
+    nbgrader metadata (a duplicated test cell is dropped). The chapter's given demo cells
+    are dropped: exercises never need them and grading does not run them. The learner's
+    own cells and answers are kept as they are.
+    """
+    released = [c for c in release.cells if c.metadata.get("nbgrader", {}).get("grade_id")]
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c for c in released}
+    notes, seen, cells = [], set(), []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader") if isinstance(cell.metadata.get("nbgrader"), dict) else {}
+        grade_id = meta.get("grade_id")
+        role = cell.metadata.get("course", {}).get("role") if isinstance(cell.metadata.get("course"), dict) else None
+        if role == "given" and not grade_id:
+            continue
+        course_cell = by_id.get(grade_id)
+        if course_cell is None or grade_id in seen:
+            if course_cell is not None and course_cell.metadata["nbgrader"].get("grade"):
+                notes.append(f"a duplicate of test cell {grade_id} was ignored")
+                continue
+            if meta:
+                notes.append(f"cell metadata {grade_id!r} is not a cell of this chapter" if course_cell is None
+                             else f"a duplicate of answer cell {grade_id} is graded as plain code")
+            cell = nbformat.from_dict(json.loads(json.dumps(cell)))
+            cell.metadata.pop("nbgrader", None)
+            cells.append(cell)
+            continue
+        seen.add(grade_id)
+        fixed = nbformat.from_dict(json.loads(json.dumps(course_cell)))
+        if course_cell.metadata["nbgrader"].get("solution"):
+            fixed.source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        if cell.cell_type != course_cell.cell_type:
+            notes.append(f"cell {grade_id} had its type changed; it was restored")
+        cells.append(fixed)
+    for index, course_cell in enumerate(released):
+        grade_id = course_cell.metadata["nbgrader"]["grade_id"]
+        if grade_id in seen or not course_cell.metadata["nbgrader"].get("grade"):
+            continue
+        notes.append(f"test cell {grade_id} was missing; it was restored")
+        before = {c.metadata["nbgrader"]["grade_id"] for c in released[:index]}
+        at = max((i + 1 for i, c in enumerate(cells)
+                  if c.metadata.get("nbgrader", {}).get("grade_id") in before), default=0)
+        cells.insert(at, nbformat.from_dict(json.loads(json.dumps(course_cell))))
+        seen.add(grade_id)
+    out = nbformat.v4.new_notebook(metadata=nb.metadata)
+    out.nbformat_minor = 4
+    for cell in cells:
+        cell.pop("id", None)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+        out.cells.append(cell)
+    return out, notes

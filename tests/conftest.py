@@ -65,7 +65,7 @@ def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
     for name, nb in notebooks.items():
         folder = tmp / name
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "02_self_attention.ipynb"
+        path = folder / f"{nb.metadata['course']['chapter']}.ipynb"
         nbformat.write(nb, path)
         paths[name] = str(path)
     ctx = multiprocessing.get_context("spawn")

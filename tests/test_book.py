@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import html
 import http.server
 import json
 import os

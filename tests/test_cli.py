@@ -29,7 +29,7 @@ def test_json_output_follows_the_spec(tmp_path):
         assert set(exercise) == {"score", "max_score", "feedback"}
         assert exercise["score"] == exercise["max_score"]
     html = (tmp_path / "fb" / "student-02_self_attention.html").read_text()
-    for secret in ("BEGIN HIDDEN", "attn_probe", "masked_fill"):
+    for secret in ("BEGIN HIDDEN", "attn_probe", "ATTN_GRADER"):
         assert secret not in html
 
 
