@@ -145,8 +145,14 @@ def _worker(tasks, results, feedback_root: str):
     warnings.filterwarnings("ignore")
     from .grading import grade
     from .submission import SubmissionError
+    parent = os.getppid()
     while True:
-        item = tasks.get()
+        try:
+            item = tasks.get(timeout=1)
+        except queue.Empty:
+            if os.getppid() != parent:  # the class run was killed: do not linger
+                return
+            continue
         if item is None:
             return
         student, chapter, path = item

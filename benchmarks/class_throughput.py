@@ -1,0 +1,121 @@
+"""Throughput of class grading on a synthetic Chapter 2 class.
+
+    .venv/bin/python benchmarks/class_throughput.py [--students 100] [--skip-baseline]
+
+Prints submissions per minute for plain sequential `nbgrader autograde` (the CLI, one
+process grading every student, on the submissions as written), `grade-class` with 1
+and with 2 workers, and the per-notebook floor: one nbclient execution of a
+submission in a fresh kernel, both as written and as the grader runs it (the chapter's
+given demo cells dropped, no hidden tests).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from autograder.env import with_python_bin_on_path  # noqa: E402
+
+CHAPTER = "02_self_attention"
+
+
+def synthetic_class(folder: Path, count: int) -> None:
+    """Mostly correct work, some common mistakes, some untouched stubs."""
+    from conftest import submission
+    from test_grading_ch02 import MISTAKES
+    mistakes = list(MISTAKES.values())
+    for i in range(count):
+        if i % 10 < 6:
+            nb = submission()
+        elif i % 10 < 9:
+            nb = mistakes[i % len(mistakes)][0]
+        else:
+            nb = submission(base="stub")
+        path = folder / "submitted" / f"s{i:03d}" / CHAPTER / f"{CHAPTER}.ipynb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, path)
+
+
+def timed(cmd, cwd) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, env=with_python_bin_on_path())
+    return time.perf_counter() - started
+
+
+def floor(path: Path, runs=5) -> tuple[float, float]:
+    from autograder.submission import repaired
+    raw = nbformat.read(path, as_version=4)
+    result = []
+    for nb in (raw, repaired(raw, raw)[0]):
+        times = []
+        for _ in range(runs):
+            copy = nbformat.from_dict(nb)
+            started = time.perf_counter()
+            NotebookClient(copy, timeout=600, kernel_name="python3", allow_errors=True,
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+            times.append(time.perf_counter() - started)
+        result.append(statistics.median(times))
+    return result[0], result[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--students", type=int, default=100)
+    parser.add_argument("--skip-baseline", action="store_true")
+    args = parser.parse_args()
+    n = args.students
+    tmp = Path(tempfile.mkdtemp(prefix="class-bench-"))
+    synthetic_class(tmp / "class", n)
+    py = sys.executable
+    rates = {}
+
+    if not args.skip_baseline:
+        base = tmp / "nbgrader-course"
+        (base / "source" / CHAPTER).mkdir(parents=True)
+        shutil.copyfile(ROOT / "source" / CHAPTER / f"{CHAPTER}.ipynb", base / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+        (base / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'bench'\n")
+        subprocess.run([py, "-m", "nbgrader", "generate_assignment", CHAPTER], cwd=base, check=True,
+                       capture_output=True, env=with_python_bin_on_path())
+        shutil.copytree(tmp / "class" / "submitted", base / "submitted")
+        seconds = timed([py, "-m", "nbgrader", "autograde", CHAPTER, "--log-level=ERROR"], base)
+        rates["plain nbgrader autograde (sequential CLI)"] = n / seconds * 60
+
+    for workers in (1, 2):
+        course = tmp / f"course-{workers}"
+        subprocess.run([py, "-m", "autograder", "release", "--course", str(course), CHAPTER], cwd=ROOT,
+                       check=True, capture_output=True, env=with_python_bin_on_path())
+        shutil.copytree(tmp / "class" / "submitted", course / "submitted")
+        seconds = timed([py, "-m", "autograder", "grade-class", "--course", str(course), "--workers", str(workers)],
+                        ROOT)
+        rates[f"grade-class --workers {workers}"] = n / seconds * 60
+        if workers == 1:
+            per_notebook = seconds / n
+
+    raw_floor, graded_floor = floor(tmp / "class" / "submitted" / "s000" / CHAPTER / f"{CHAPTER}.ipynb")
+    print(f"synthetic class: {n} Chapter 2 submissions")
+    for name, rate in rates.items():
+        print(f"  {name:45s} {rate:6.1f} submissions/min")
+    if "plain nbgrader autograde (sequential CLI)" in rates:
+        speedup = rates["grade-class --workers 2"] / rates["plain nbgrader autograde (sequential CLI)"]
+        print(f"  2 workers vs sequential nbgrader: {speedup:.2f}x (target >= 1.8x)")
+    print(f"  per notebook with 1 worker: {per_notebook:.2f} s")
+    print(f"  floor, nbclient executes one submission as written: {raw_floor:.2f} s")
+    print(f"  floor, nbclient executes it as graded (demo cells dropped): {graded_floor:.2f} s")
+    print(f"  per-notebook cost / floor as graded: {per_notebook / graded_floor:.2f}x (target <= 1.5x)")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Grading a whole class: parallel, robust, resumable, shardable, with feedback and export."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+from autograder.env import with_python_bin_on_path
+
+EXPECTED = {"ada": 10.0, "ben": 5.0, "cleo": 9.0, "dan": 0.0, "eve": 0.0, "finn": 0.0, "gus": 10.0,
+            "hana": 10.0, "ivan": 0.0}
+CHAPTER = "02_self_attention"
+
+
+def cli(*args, check=True, **kwargs):
+    proc = subprocess.run([sys.executable, "-m", "autograder", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200, env=with_python_bin_on_path(), **kwargs)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def grades(folder: Path) -> dict[str, float]:
+    with open(folder / "grades.csv") as f:
+        return {row["student"]: float(row["total"]) for row in csv.DictReader(f)}
+
+
+def new_course(tmp: Path, students=None) -> Path:
+    sample = tmp / "sample"
+    if not sample.exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "sample_class.py"), str(sample)], check=True,
+                       capture_output=True)
+    course = tmp / f"course-{len(list(tmp.glob('course-*')))}"
+    cli("release", "--course", str(course), CHAPTER)
+    cli("collect", str(sample / "submitted"), "--course", str(course))
+    cli("collect", str(sample / "lms-download"), "--course", str(course), "--chapter", CHAPTER)
+    if students is not None:
+        for folder in (course / "submitted").iterdir():
+            if folder.name not in students:
+                shutil.rmtree(folder)
+    return course
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("class")
+    course = new_course(tmp)
+    proc = cli("grade-class", "--course", str(course), "--workers", "2")
+    return tmp, course, proc
+
+
+def test_every_student_gets_the_honest_score(graded_class):
+    _, course, proc = graded_class
+    assert grades(course) == EXPECTED
+    assert "6 graded, 3 could not be graded" in proc.stdout
+    assert "/9" in proc.stderr  # the progress bar
+
+
+def test_reasons_in_csv_and_feedback(graded_class):
+    _, course, _ = graded_class
+    with open(course / "grades.csv") as f:
+        notes = {row["student"]: row["notes"] for row in csv.DictReader(f)}
+    assert "empty" in notes["eve"] and "not valid JSON" in notes["finn"] and "format 5" in notes["ivan"]
+    with open(course / "exercises.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["student"] == "ben"]
+    lost = {r["exercise"]: r["feedback"] for r in rows if float(r["score"]) < float(r["max_score"])}
+    assert set(lost) == {"scaled_dot_product_attention", "causal_mask"}
+    assert "not scaled by 1/sqrt(d_k)" in lost["scaled_dot_product_attention"]
+    for student in EXPECTED:
+        page = (course / "feedback" / student / CHAPTER / f"{CHAPTER}.html").read_text()
+        assert "BEGIN HIDDEN" not in page and "attn_probe" not in page
+    ben = (course / "feedback" / "ben" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert "not scaled by 1/sqrt(d_k)" in ben
+    assert "empty" in (course / "feedback" / "eve" / CHAPTER / f"{CHAPTER}.html").read_text()
+
+
+def test_class_grades_equal_grading_alone(graded_class):
+    from autograder.grading import grade
+    _, course, _ = graded_class
+    ledger = {}
+    for line in (course / ".grading" / "ledger.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        ledger[entry["student"]] = entry
+    for student in ("ben", "cleo"):
+        alone = grade(course / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb", student=student)
+        assert ledger[student]["tests"] == {o.test_id: o.score for o in alone.outcomes}
+
+
+def test_real_nbgrader_export_reads_the_gradebook(graded_class):
+    tmp, course, _ = graded_class
+    out = tmp / "nbgrader-export.csv"
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(out)], cwd=course,
+                          capture_output=True, text=True, env=with_python_bin_on_path())
+    assert proc.returncode == 0, proc.stderr
+    with open(out) as f:
+        exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert exported == EXPECTED
+
+
+def test_rerun_resumes_and_force_regrades(graded_class):
+    _, course, _ = graded_class
+    again = cli("grade-class", "--course", str(course), "--workers", "2")
+    assert "0 graded, 0 could not be graded, 9 already graded" in again.stdout
+    ada = course / "submitted" / "ada" / CHAPTER / f"{CHAPTER}.ipynb"
+    ben = course / "submitted" / "ben" / CHAPTER / f"{CHAPTER}.ipynb"
+    shutil.copyfile(ada, ben)  # ben resubmits a corrected notebook
+    changed = cli("grade-class", "--course", str(course), "--workers", "2")
+    assert "1 graded, 0 could not be graded, 8 already graded" in changed.stdout
+    assert grades(course)["ben"] == 10.0
+    forced = cli("grade-class", "--course", str(course), "--workers", "2", "--chapter", CHAPTER, "--force")
+    assert "6 graded, 3 could not be graded, 0 already graded" in forced.stdout
+    assert grades(course) == {**EXPECTED, "ben": 10.0}
+
+
+def _wait_for_ledger_lines(course: Path, count: int, proc, limit=600):
+    ledger = course / ".grading" / "ledger.jsonl"
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if ledger.exists() and len(ledger.read_text().splitlines()) >= count:
+            return
+        assert proc.poll() is None, "the class run ended before it could be interrupted"
+        time.sleep(0.2)
+    raise AssertionError("no submission was recorded in time")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_interrupted_run_resumes_without_regrading(tmp_path, how):
+    course = new_course(tmp_path, students={"ada", "ben", "dan", "hana"})
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade-class", "--course", str(course),
+                             "--workers", "1"], cwd=ROOT, env=with_python_bin_on_path(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_ledger_lines(course, 1, proc)
+    proc.send_signal(how)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    done = len((course / ".grading" / "ledger.jsonl").read_text().splitlines())
+    assert 1 <= done < 4
+    resumed = cli("grade-class", "--course", str(course), "--workers", "2")
+    assert f"{done} already graded" in resumed.stdout
+    assert grades(course) == {s: EXPECTED[s] for s in ("ada", "ben", "dan", "hana")}
+
+
+def test_shards_merge_into_the_same_grades(tmp_path):
+    students = {"ada", "ben", "eve", "finn", "hana"}
+    course = new_course(tmp_path, students=students)
+    shards = []
+    for index in (1, 2):
+        out = tmp_path / f"shard-{index}"
+        cli("grade-class", "--course", str(course), "--shard", f"{index}/2", "--out", str(out), "--workers", "1")
+        shards.append(out)
+    sizes = [len(grades(s)) for s in shards]
+    assert sum(sizes) == len(students) and all(sizes)
+    cli("merge", *map(str, shards), "--into", str(course))
+    assert grades(course) == {s: EXPECTED[s] for s in students}
+    for student in students:
+        assert (course / "feedback" / student / CHAPTER / f"{CHAPTER}.html").exists()
+
+
+def test_grading_twice_gives_the_same_result(tmp_path):
+    from autograder.grading import grade
+    path = ROOT / "chapters" / f"{CHAPTER}.ipynb"
+    first, second = grade(path).as_json(), grade(path).as_json()
+    assert first == second
