@@ -193,6 +193,8 @@ def _decode_result(result, arrays):
         result["value"] = _decode_value(result.get("output"), arrays)
         result["grads"] = {k: _decode_value(v, arrays) for k, v in result.get("grads", {}).items()}
         result["grads"] = {k: v for k, v in result["grads"].items() if isinstance(v, torch.Tensor)}
+        result["inputs_after"] = [None if d is None else _decode_value(d, arrays)
+                                  for d in result.get("inputs_after", [])]
     return result
 
 

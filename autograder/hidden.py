@@ -290,7 +290,10 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         hint = check(probe, student)
         if hint:
             problems.append(hint)
-    changed = got.get("inputs_changed", [])
+    changed = [i for i, (sent, after) in enumerate(zip(probe.args, got.get("inputs_after", [])))
+               if isinstance(sent, torch.Tensor) and not (isinstance(after, torch.Tensor)
+                                                         and after.shape == sent.shape
+                                                         and torch.equal(after, sent.detach()))]
     if changed:
         names = ", ".join(f"`{_names(probe, i)}`" for i in changed)
         problems.append(f"`{probe.target}` modified its input {names} in place; "

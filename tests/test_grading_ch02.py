@@ -202,6 +202,12 @@ MISTAKES = {
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             return out, scaled_dot_product_attention(q, k, v, mask)[1]
         """)}), {t: "build it from scratch" for t in SA_TESTS}),
+    "builtin_multihead_module": (submission({"SelfAttention": self_attention("""
+            attn = nn.MultiheadAttention(x.shape[-1], 1, batch_first=True)
+            q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+            attn(x, x, x)
+            return scaled_dot_product_attention(q, k, v, mask)
+        """)}), {t: "build it from scratch" for t in SA_TESTS}),
 }
 
 # ------------------------------------------------------------------ independence
@@ -212,6 +218,9 @@ INDEPENDENT = {
         {t: "" for t in SDPA_TESTS}),
     "looping_sdpa": (submission({"scaled_dot_product_attention": sdpa("while True:\n    pass")}),
                      {t: "longer than" for t in SDPA_TESTS}),
+    "kernel_exits_before_self_attention": (
+        submission(answers={"SelfAttention": "import os\nos._exit(0)\n"}),
+        {t: "did not run" for t in SA_TESTS}),
     "stub_masks_only": (submission(base="reference", answers={
         "causal_mask": "def causal_mask(n):\n    raise NotImplementedError()\n",
         "padding_mask": "def padding_mask(lengths, max_len):\n    raise NotImplementedError()\n"}),
