@@ -9,7 +9,6 @@ which never runs submitted code: nothing done here can award points by itself.
 import json
 import os
 import signal
-import sys
 import time
 import traceback
 
