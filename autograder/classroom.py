@@ -138,7 +138,7 @@ def in_shard(task: Task, shard: tuple[int, int] | None) -> bool:
 
 # ------------------------------------------------------------------ workers
 
-def _worker(tasks, results, feedback_root: str):
+def _worker(tasks, results, feedback_root: str, private: tuple[str, ...]):
     """Grade tasks until told to stop; runs in its own session so its kernels can be killed."""
     os.setsid()
     import warnings
@@ -160,7 +160,7 @@ def _worker(tasks, results, feedback_root: str):
         shutil.rmtree(scratch, ignore_errors=True)
         try:
             report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
-                           feedback_dir=scratch)
+                           feedback_dir=scratch, private=tuple(Path(p) for p in private))
             data = report.as_json()
             data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
             data["repairs"] = report.repairs
@@ -176,18 +176,19 @@ def _worker(tasks, results, feedback_root: str):
 class WorkerPool:
     """N worker processes; a task that runs past its deadline has its worker killed."""
 
-    def __init__(self, count: int, feedback_root: Path, deadline: float):
+    def __init__(self, count: int, feedback_root: Path, deadline: float, private: tuple[Path, ...] = ()):
         self.ctx = multiprocessing.get_context("spawn")
         self.results = self.ctx.Queue()
         self.feedback_root, self.deadline = feedback_root, deadline
+        self.private = tuple(str(p.resolve()) for p in private)
         self.workers: dict[int, dict] = {}
         for _ in range(count):
             self._start()
 
     def _start(self):
         tasks = self.ctx.Queue()
-        proc = self.ctx.Process(target=_worker, args=(tasks, self.results, str(self.feedback_root)),
-                                daemon=True)
+        proc = self.ctx.Process(target=_worker, args=(tasks, self.results, str(self.feedback_root),
+                                                      self.private), daemon=True)
         proc.start()
         self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "task": None, "since": 0.0}
 
@@ -394,7 +395,9 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
     summary = {"total": len(tasks), "skipped": len(tasks) - len(todo), "graded": 0, "failed": 0}
     bar = Progress(len(todo)) if progress and todo else None
     if todo:
-        pool = WorkerPool(workers or os.cpu_count() or 1, out, deadline)
+        # Submitted code must not read the class's gradebook (it holds the instructor cells)
+        # or other students' work.
+        pool = WorkerPool(workers or os.cpu_count() or 1, out, deadline, private=(course, out))
         pending = list(todo)
         try:
             while pending or pool.busy():

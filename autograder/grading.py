@@ -291,7 +291,7 @@ def course_template(chapter: ChapterInfo) -> Path:
     return template
 
 
-def _kernel_environment(work: Path, course: Path, notebook_dir: Path) -> dict:
+def _kernel_environment(work: Path, notebook_dir: Path, private=()) -> dict:
     kernel = work / "kernel"
     startup = kernel / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
@@ -302,6 +302,7 @@ def _kernel_environment(work: Path, course: Path, notebook_dir: Path) -> dict:
     scratch = kernel / "scratch"
     scratch.mkdir()
     rules = [("deny", str(ROOT)), ("deny", str(SCRATCH_PARENT)), ("deny", str(CACHE)),
+             *(("deny", str(p)) for p in private),
              ("read", sys.prefix), ("read", sys.base_prefix), ("read", str(lib)),
              ("read", str(kernel / "ipython")), ("read", str(work / "cases")),
              ("write", str(work / "results")), ("write", str(scratch)),
@@ -345,11 +346,13 @@ class Report:
 
 
 def grade(path: Path, student: str = "student", feedback_dir: Path | None = None,
-          chapter: str | None = None, keep_course: Path | None = None) -> Report:
+          chapter: str | None = None, keep_course: Path | None = None,
+          private: tuple[Path, ...] = ()) -> Report:
     """Grade one notebook. Raises SubmissionError for a file that is not gradable.
 
     keep_course: copy the finished nbgrader course (gradebook, autograded notebook,
     feedback) there, e.g. to run ``nbgrader export`` on it.
+    private: more folders the submitted code must not read (a class's course folder).
     """
     nb, info = load(path, chapter)
     use_python_bin_on_path()
@@ -367,7 +370,7 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
         nbformat.write(clean, submitted / f"{info.name}.ipynb")
         notebook_dir = course / "autograded" / student / info.name
         session = GradingSession(info, work, nb)
-        os.environ.update(_kernel_environment(work, course, notebook_dir))
+        os.environ.update(_kernel_environment(work, notebook_dir, private))
         from .execute import GuardedExecute
         GuardedExecute.session = session
         api = _api(course)
