@@ -1,0 +1,346 @@
+"""Hidden tests of Chapter 1 against a catalog of correct, wrong and hostile submissions.
+
+Every notebook is graded by the real pipeline (nbgrader autograde in a guarded kernel,
+judged in the grader's own process). Expectations are written per test cell: a correct
+submission gets 11/11; a mistake must fail exactly the listed tests, each with the given
+message fragment, and pass every other test.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import ROOT, scores_by_test, submission
+
+CHAPTER = "01_bahdanau_attention"
+MS_TESTS = ["test_masked_softmax_no_mask", "test_masked_softmax_mask", "test_masked_softmax_gradients"]
+DOT_TESTS = ["test_dot_score_values", "test_dot_score_batch"]
+AA_TESTS = ["test_AdditiveAttention_shapes", "test_AdditiveAttention_values", "test_AdditiveAttention_mask"]
+BD_TESTS = ["test_BahdanauDecoder_shapes", "test_BahdanauDecoder_step", "test_BahdanauDecoder_mask"]
+ALL_TESTS = MS_TESTS + DOT_TESTS + AA_TESTS + BD_TESTS
+FULL = float(len(ALL_TESTS))
+
+
+def sub(answers=None, **kwargs):
+    return submission(answers, chapter=CHAPTER, **kwargs)
+
+
+def masked_softmax(body: str) -> str:
+    return "def masked_softmax(scores, mask=None):\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n"
+
+
+def dot_score(body: str) -> str:
+    return "def dot_score(query, keys):\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n"
+
+
+def additive(forward_body: str) -> str:
+    return textwrap.dedent('''
+        class AdditiveAttention(nn.Module):
+            def __init__(self, query_dim, key_dim, hidden_dim):
+                super().__init__()
+                self.W_a = nn.Linear(query_dim, hidden_dim, bias=False)
+                self.U_a = nn.Linear(key_dim, hidden_dim, bias=False)
+                self.v_a = nn.Linear(hidden_dim, 1, bias=False)
+
+            def forward(self, query, keys, values, mask=None):
+        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+
+
+def decoder(step_body: str) -> str:
+    return textwrap.dedent('''
+        class BahdanauDecoder(nn.Module):
+            def __init__(self, vocab_size, embed_dim, enc_dim, hidden_dim, attn_dim):
+                super().__init__()
+                self.embedding = nn.Embedding(vocab_size, embed_dim)
+                self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim)
+                self.gru = nn.GRUCell(embed_dim + enc_dim, hidden_dim)
+                self.out = nn.Linear(hidden_dim + enc_dim, vocab_size)
+
+            def forward_step(self, token, state, enc_outputs, enc_mask=None):
+        ''') + textwrap.indent(textwrap.dedent(step_body).strip(), " " * 8) + "\n"
+
+
+def additive_with(score_line: str, softmax_line="weights = masked_softmax(scores, mask)",
+                  context_line="context = (weights.unsqueeze(1) @ values).squeeze(1)") -> str:
+    return additive(f"""
+        q = self.W_a(query).unsqueeze(1)
+        k = self.U_a(keys)
+        {score_line}
+        {softmax_line}
+        {context_line}
+        return context, weights
+    """)
+
+
+def decoder_with(lines: str) -> str:
+    return decoder(lines)
+
+
+STANDARD_STEP = """
+    embedded = self.embedding(token)
+    context, weights = self.attention(state, enc_outputs, enc_outputs, enc_mask)
+    new_state = self.gru(torch.cat([embedded, context], dim=-1), state)
+    logits = self.out(torch.cat([new_state, context], dim=-1))
+    return logits, new_state, weights
+"""
+
+# ------------------------------------------------------------------ correct, other styles
+CORRECT = {
+    "reference": sub(),
+    "style_minus_1e9_einsum_bmm": sub({
+        "masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = scores.masked_fill(mask == 0, -1e9)
+            return F.softmax(scores, dim=-1)
+        """),
+        "dot_score": dot_score("return torch.einsum('bd,btd->bt', query, keys)"),
+        "AdditiveAttention": additive("""
+            B, T, _ = keys.shape
+            energy = torch.tanh(self.W_a(query)[:, None, :].expand(B, T, -1) + self.U_a(keys))
+            scores = self.v_a(energy)[..., 0]
+            weights = masked_softmax(scores, mask)
+            context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)
+            return context, weights
+        """),
+        "BahdanauDecoder": decoder("""
+            context, weights = self.attention(query=state, keys=enc_outputs, values=enc_outputs, mask=enc_mask)
+            rnn_input = torch.cat((self.embedding(token), context), 1)
+            hidden = self.gru(rnn_input, state)
+            return self.out(torch.cat((hidden, context), 1)), hidden, weights
+        """),
+    }),
+    "style_where_finfo_broadcast_inline": sub({
+        "masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+            return scores.softmax(-1)
+        """),
+        "dot_score": dot_score("return (query.unsqueeze(1) * keys).sum(dim=-1)"),
+        "AdditiveAttention": additive("""
+            scores = (torch.tanh(self.W_a(query).unsqueeze(1) + self.U_a(keys)) @ self.v_a.weight.T).squeeze(-1)
+            if mask is not None:
+                scores = scores + (~mask).to(scores.dtype) * -1e9
+            weights = torch.softmax(scores, dim=1)
+            context = (weights.unsqueeze(-1) * values).sum(dim=1)
+            return context, weights
+        """),
+        # Attention written out inline with the module's own layers.
+        "BahdanauDecoder": decoder("""
+            att = self.attention
+            e = att.v_a(torch.tanh(att.W_a(state)[:, None] + att.U_a(enc_outputs))).squeeze(2)
+            if enc_mask is not None:
+                e = e.masked_fill(~enc_mask, float('-inf'))
+            a = F.softmax(e, dim=1)
+            c = torch.einsum('bt,bth->bh', a, enc_outputs)
+            s = self.gru(torch.cat([self.embedding(token), c], -1), state)
+            return self.out(torch.cat([s, c], -1)), s, a
+        """),
+    }),
+    "style_renormalised_helper_cell": sub({
+        "masked_softmax": masked_softmax("""
+            weights = my_softmax(scores)
+            if mask is not None:
+                weights = weights * mask
+                weights = weights / weights.sum(-1, keepdim=True)
+            print("debug:", tuple(weights.shape))
+            return weights
+        """),
+        "dot_score": dot_score("return torch.bmm(keys, query[:, :, None])[:, :, 0]"),
+        "BahdanauDecoder": decoder("""
+            context, weights = self.attention(state, enc_outputs, enc_outputs, mask=enc_mask)
+            self.last_weights = weights          # a learner's own attribute
+            new_state = self.gru(torch.cat([self.embedding(token), context], dim=-1), state)
+            return self.out(torch.cat([new_state, context], dim=-1)), new_state, weights
+        """),
+    }, prepend=["def my_softmax(s):\n    s = s - s.amax(-1, keepdim=True)\n    e = s.exp()\n"
+                "    return e / e.sum(-1, keepdim=True)\n"]),
+}
+
+# ------------------------------------------------------------------ common mistakes
+MISTAKES = {
+    # masked_softmax
+    "softmax_over_batch": (sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return torch.softmax(scores, dim=0)
+        """)}), {t: "dimension 0 (the batch)" for t in MS_TESTS}),
+    "softmax_dim_1": (sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return torch.softmax(scores, dim=1)
+        """)}), {t: "dimension 1" for t in MS_TESTS}),
+    "mask_inverted": (sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = scores.masked_fill(mask, -1e9)
+            return torch.softmax(scores, dim=-1)
+        """)}), {t: "polarity inverted" for t in MS_TESTS[1:]}),
+    "mask_after_softmax": (sub({"masked_softmax": masked_softmax("""
+            weights = torch.softmax(scores, dim=-1)
+            return weights * mask if mask is not None else weights
+        """)}), {t: "after the softmax" for t in MS_TESTS[1:]}),
+    "mask_zero_fill": (sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = scores * mask
+            return torch.softmax(scores, dim=-1)
+        """)}), {t: "set to 0 instead of -inf" for t in MS_TESTS[1:]}),
+    "mask_in_place": (sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores.masked_fill_(~mask, float('-inf'))
+            return torch.softmax(scores, dim=-1)
+        """)}), {t: "in place" for t in MS_TESTS[1:]}),
+    "softmax_float32": (sub({"masked_softmax": masked_softmax("""
+            scores = scores.float()
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return torch.softmax(scores, dim=-1)
+        """)}), {t: "dtype" for t in MS_TESTS}),
+    # dot_score
+    "dot_scaled": (sub({"dot_score": dot_score("return (keys @ query.unsqueeze(-1)).squeeze(-1) / math.sqrt(query.shape[-1])")}),
+                   {t: "divided by sqrt(d)" for t in DOT_TESTS}),
+    "dot_softmaxed": (sub({"dot_score": dot_score("return torch.softmax((keys @ query.unsqueeze(-1)).squeeze(-1), dim=-1)")}),
+                      {t: "went through a softmax" for t in DOT_TESTS}),
+    "dot_pairing": (sub({"dot_score": dot_score("return (query * keys).sum(-1)")}),
+                    {"test_dot_score_values": "must match the size", "test_dot_score_batch": "paired with key t"}),
+    "dot_transposed": (sub({"dot_score": dot_score("return keys @ query.T")}),
+                       {t: "returned shape" for t in DOT_TESTS}),
+    # AdditiveAttention
+    "additive_no_tanh": (sub({"AdditiveAttention": additive_with("scores = self.v_a(q + k).squeeze(-1)")}),
+                         {t: "tanh missing" for t in AA_TESTS}),
+    "additive_no_v_a": (sub({"AdditiveAttention": additive_with("scores = torch.tanh(q + k).sum(-1)")}),
+                        {t: "v_a missing" for t in AA_TESTS}),
+    "additive_v_a_first": (sub({"AdditiveAttention": additive_with("scores = torch.tanh(self.v_a(q + k)).squeeze(-1)")}),
+                           {t: "wrong order" for t in AA_TESTS}),
+    "additive_swapped": (sub({"AdditiveAttention": additive("""
+            scores = self.v_a(torch.tanh(self.W_a(keys) + self.U_a(query).unsqueeze(1))).squeeze(-1)
+            weights = masked_softmax(scores, mask)
+            return (weights.unsqueeze(1) @ values).squeeze(1), weights
+        """)}), {"test_AdditiveAttention_shapes": "mat1 and mat2", "test_AdditiveAttention_values": "swapped",
+                 "test_AdditiveAttention_mask": "swapped"}),
+    "additive_softmax_over_batch": (sub({"AdditiveAttention": additive_with(
+        "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)",
+        softmax_line="weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask, -1e9), dim=0)")}),
+        {t: "over the batch" for t in AA_TESTS}),
+    "additive_context_from_keys": (sub({"AdditiveAttention": additive_with(
+        "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)",
+        context_line="context = (weights.unsqueeze(1) @ keys).squeeze(1)")}),
+        {"test_AdditiveAttention_shapes": "returned shape", "test_AdditiveAttention_values": "VALUES",
+         "test_AdditiveAttention_mask": "VALUES"}),
+    "additive_mask_ignored": (sub({"AdditiveAttention": additive_with(
+        "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)", softmax_line="weights = masked_softmax(scores)")}),
+        {"test_AdditiveAttention_mask": "mask ignored"}),
+    "additive_mask_inverted": (sub({"AdditiveAttention": additive_with(
+        "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)",
+        softmax_line="weights = masked_softmax(scores, ~mask if mask is not None else None)")}),
+        {"test_AdditiveAttention_mask": "polarity inverted"}),
+    # BahdanauDecoder
+    "decoder_attends_new_state": (sub({"BahdanauDecoder": decoder("""
+            embedded = self.embedding(token)
+            old_context, _ = self.attention(state, enc_outputs, enc_outputs, enc_mask)
+            new_state = self.gru(torch.cat([embedded, old_context], dim=-1), state)
+            context, weights = self.attention(new_state, enc_outputs, enc_outputs, enc_mask)
+            return self.out(torch.cat([new_state, context], dim=-1)), new_state, weights
+        """)}), {t: "NEW state" for t in BD_TESTS}),
+    "decoder_gru_input_order": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "torch.cat([embedded, context], dim=-1)", "torch.cat([context, embedded], dim=-1)"))}),
+        {t: "GRU input in the wrong order" for t in BD_TESTS}),
+    "decoder_output_order": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "torch.cat([new_state, context], dim=-1)", "torch.cat([context, new_state], dim=-1)"))}),
+        {t: "output layer input in the wrong order" for t in BD_TESTS}),
+    "decoder_gru_from_zeros": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "torch.cat([embedded, context], dim=-1), state)", "torch.cat([embedded, context], dim=-1))"))}),
+        {t: "started from zeros" for t in BD_TESTS}),
+    "decoder_logits_from_old_state": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "torch.cat([new_state, context], dim=-1)", "torch.cat([state, context], dim=-1)"))}),
+        {t: "logits computed from the previous state" for t in BD_TESTS}),
+    "decoder_returns_old_state": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "return logits, new_state, weights", "return logits, state, weights"))}),
+        {t: "returned the previous state" for t in BD_TESTS}),
+    "decoder_mask_dropped": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "enc_outputs, enc_outputs, enc_mask)", "enc_outputs, enc_outputs)"))}),
+        {"test_BahdanauDecoder_mask": "enc_mask ignored"}),
+    "decoder_logits_from_state_only": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
+        "self.out(torch.cat([new_state, context], dim=-1))", "self.out(new_state)"))}),
+        {t: "logits = self.out(new_state)" for t in BD_TESTS}),
+}
+
+# ------------------------------------------------------------------ independence
+INDEPENDENT = {
+    # A broken masked_softmax must not cost points in AdditiveAttention or the decoder.
+    "broken_masked_softmax": (sub({"masked_softmax": masked_softmax("return scores")}),
+                              {t: "" for t in MS_TESTS}),
+    # A broken AdditiveAttention must not cost points in the decoder, which constructs it.
+    "broken_additive": (sub({"AdditiveAttention": additive("""
+            weights = torch.full(keys.shape[:2], 1.0 / keys.shape[1])
+            return values.mean(dim=1), weights
+        """)}), {t: "" for t in AA_TESTS}),
+    "stub_additive_and_masked_softmax": (sub({
+        "AdditiveAttention": additive("raise NotImplementedError()"),
+        "masked_softmax": masked_softmax("raise NotImplementedError()")}),
+        {t: "not implemented yet" for t in MS_TESTS + AA_TESTS}),
+    "stub_decoder_only": (sub({"BahdanauDecoder": decoder("raise NotImplementedError()")}),
+                          {t: "not implemented yet" for t in BD_TESTS}),
+}
+
+# ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
+TAMPERING = {
+    "stub": [],
+    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
+                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
+                       "torch.testing.assert_close = lambda *a, **k: None"],
+    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                         "from solutions.ch01_bahdanau_attention import *"],
+    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / 'ch01_bahdanau_attention.py')!r}).read())"],
+    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
+                          "def run(test_id, ns):\n"
+                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
+                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
+                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
+    "module_returning_liar": ["class Liar(torch.Tensor):\n"
+                              "    def __eq__(self, other): return True\n"
+                              "def masked_softmax(scores, mask=None):\n"
+                              "    return torch.zeros_like(scores).as_subclass(Liar)"],
+}
+
+
+def _tampered(tricks):
+    return sub(base="stub", prepend=tricks)
+
+
+CATALOG = {**{f"correct:{k}": v for k, v in CORRECT.items()},
+           **{f"mistake:{k}": v[0] for k, v in MISTAKES.items()},
+           **{f"independent:{k}": v[0] for k, v in INDEPENDENT.items()},
+           **{f"tamper:{k}": _tampered(v) for k, v in TAMPERING.items()}}
+
+
+@pytest.fixture(scope="module")
+def graded(grade_catalog):
+    return grade_catalog(CATALOG)
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_styles_get_full_marks(graded, name):
+    result = graded[f"correct:{name}"]
+    assert result.get("score") == FULL, result
+
+
+@pytest.mark.parametrize("name", list(MISTAKES) + list(INDEPENDENT))
+def test_mistakes_lose_exactly_their_points_with_a_named_reason(graded, name):
+    expected = (MISTAKES | INDEPENDENT)[name][1]
+    result = graded[f"mistake:{name}" if name in MISTAKES else f"independent:{name}"]
+    assert "error" not in result, result
+    lines = scores_by_test(result)
+    assert sorted(lines) == sorted(ALL_TESTS), lines
+    for test_id in ALL_TESTS:
+        if test_id in expected:
+            assert "(0/1)" in lines[test_id], (test_id, lines[test_id])
+            assert expected[test_id] in lines[test_id], (test_id, lines[test_id])
+        else:
+            assert "(1/1): passed" in lines[test_id], (test_id, lines[test_id])
+
+
+@pytest.mark.parametrize("name", list(TAMPERING))
+def test_tampering_gains_nothing(graded, name):
+    result = graded[f"tamper:{name}"]
+    assert "error" not in result, result
+    assert result["score"] == 0.0, result
