@@ -111,6 +111,7 @@ class GradingSession:
             "cotangents": [enc(c)["t"] for c in probe.cotangents],
             "deps": self._deps(probe),
             "method": probe.method,
+            "dtype": probe.dtype,
             "time_limit": probe.time_limit,
             "train": False if probe.init is not None else None,
         }

@@ -55,6 +55,7 @@ class Probe:
     checks: tuple = ()  # callables (probe, outputs) -> message or None, run on passing values
     label: str = ""
     method: str = "forward"  # for modules: the method under test
+    dtype: str | None = None  # for modules: parameters cast to this dtype (e.g. "float64")
     time_limit: float = 10.0
     reference: Callable | None = None  # filled by the builder
     cotangents: tuple = ()
@@ -87,23 +88,27 @@ class Builder:
         return probe
 
     def module(self, name, init, *args, grad=False, mistakes=(), checks=(), label="", deps=(),
-               method="forward", **kwargs):
+               method="forward", dtype=None, **kwargs):
         """Probe ``name(**init).method(*args, **kwargs)`` with the reference's parameter values.
 
         deps: exercises this one uses (called or constructed); while it is tested the
         reference versions stand in for the learner's, so earlier mistakes cost nothing here.
         Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
+        dtype: run the module in this dtype (``torch.float64``), parameters included.
         """
         cls = getattr(self.tests.reference, name)
         torch.manual_seed(int(self.gen.initial_seed()) % 2**31 + len(self.probes))
         module = cls(**init)
+        if dtype is not None:
+            module = module.to(dtype)
         with torch.no_grad():  # non-default values so that a wrong parameter shows
             for p in module.parameters():
                 p.copy_(self.randn(*p.shape, dtype=p.dtype) * 0.5)
         probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
                       state={n: p.detach().clone() for n, p in module.named_parameters()},
                       grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
-                      label=label, deps=tuple(deps), reference=module, method=method)
+                      label=label, deps=tuple(deps), reference=module, method=method,
+                      dtype=None if dtype is None else str(dtype).replace("torch.", ""))
         if grad:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)

@@ -110,6 +110,8 @@ def _call_one(probe, arrays, ns, writer):
         if probe.get("init") is not None:
             torch.manual_seed(0)
             obj = target(**probe["init"])
+            if probe.get("dtype"):
+                obj = obj.to(getattr(torch, probe["dtype"]))
             with torch.no_grad():
                 for name, ref in probe.get("state", {}).items():
                     obj.get_parameter(name).copy_(_tensor(arrays, ref))

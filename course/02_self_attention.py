@@ -1263,6 +1263,8 @@ def _(t):
              label="d_model=8, d_k=4, d_v=8", **SA)
     t.module("SelfAttention", dict(d_model=12, d_k=3, d_v=5), t.randn(3, 7, 12),
              label="d_model=12, d_k=3, d_v=5", **SA)
+    t.module("SelfAttention", dict(d_model=6, d_k=4, d_v=3), t.randn(2, 4, 6, dtype=torch.float64),
+             dtype=torch.float64, label="a float64 layer", **SA)
 
 
 @hidden.test("test_SelfAttention_mask")
