@@ -206,7 +206,7 @@ def _names(probe, index):
     return params[index] if index < len(params) else f"argument {index}"
 
 
-def _structure_problem(student, expected) -> str | None:
+def _structure_problem(student, expected, has_float_input=True) -> str | None:
     if isinstance(expected, tuple):
         if not isinstance(student, tuple) and not isinstance(student, list):
             return f"returned {describe(student)}; expected a tuple of {len(expected)} " \
@@ -214,7 +214,7 @@ def _structure_problem(student, expected) -> str | None:
         if len(student) != len(expected):
             return f"returned {len(student)} values; expected {len(expected)}"
         for i, (s, e) in enumerate(zip(student, expected)):
-            problem = _structure_problem(s, e)
+            problem = _structure_problem(s, e, has_float_input)
             if problem:
                 return f"item {i}: {problem}"
         return None
@@ -224,7 +224,8 @@ def _structure_problem(student, expected) -> str | None:
         if student.shape != expected.shape:
             return f"returned shape {tuple(student.shape)}; expected {tuple(expected.shape)}"
         if student.dtype != expected.dtype:
-            keep = " (keep the input's dtype)" if expected.is_floating_point() else ""
+            keep = ("" if not expected.is_floating_point() else " (keep the input's dtype)"
+                    if has_float_input else " (torch's default dtype)")
             return f"returned dtype {str(student.dtype).replace('torch.', '')}; expected " \
                    f"{str(expected.dtype).replace('torch.', '')}{keep}"
     return None
@@ -255,6 +256,11 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         return [f"`{probe.target}` ran longer than {probe.time_limit:g} s{where}: an endless loop?"]
     if status == "not-run":
         return [got["reason"]]
+    used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
+    used += sorted(f"nn.{m}" for m in set(got.get("submodules", [])) & BUILTIN_MODULES)
+    if probe.target in builtin_names and used:
+        return [f"`{probe.target}` calls {', '.join(used)}: this exercise asks you to build it "
+                "from scratch, so it earns no marks"]
     if status != "ok":
         error = got.get("error", "unknown error")
         if error.startswith("NotImplementedError"):
@@ -263,14 +269,11 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
             return [f"`{probe.target}` modifies an input in place{where}; return new tensors "
                     f"instead ({error})"]
         return [f"`{probe.target}` raised {error}{where}"]
-    used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
-    used += sorted(f"nn.{m}" for m in set(got.get("submodules", [])) & BUILTIN_MODULES)
-    if probe.target in builtin_names and used:
-        return [f"`{probe.target}` calls {', '.join(used)}: this exercise asks you to build it "
-                "from scratch, so it earns no marks"]
     expected = _call_reference(probe)
     student = got["value"]
-    problem = _structure_problem(student, expected)
+    has_float_input = any(isinstance(a, torch.Tensor) and a.is_floating_point()
+                          for a in (*probe.args, *probe.kwargs.values()))
+    problem = _structure_problem(student, expected, has_float_input)
     if problem:
         return [f"`{probe.target}` {problem}{where}"]
     problems = []

@@ -75,13 +75,12 @@ def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
 
 
 def scores_by_test(result: dict) -> dict[str, str]:
-    """test id -> feedback line, for assertions."""
-    out = {}
+    """test id -> its feedback lines joined, for assertions."""
+    out: dict[str, list[str]] = {}
     for exercise in result["exercises"].values():
         for line in exercise["feedback"]:
-            test_id = line.split(" ", 1)[0]
-            out[test_id] = line
-    return out
+            out.setdefault(line.split(" ", 1)[0], []).append(line)
+    return {test_id: " | ".join(lines) for test_id, lines in out.items()}
 
 
 @pytest.fixture(scope="session")
