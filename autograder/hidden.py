@@ -195,7 +195,7 @@ def describe(value) -> str:
         return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
-    return type(value).__name__
+    return getattr(value, "description", type(value).__name__)  # grading.Foreign says what it was
 
 
 def _names(probe, index):
