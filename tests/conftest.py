@@ -88,8 +88,12 @@ def grade_catalog(tmp_path_factory):
     cache: dict[str, dict] = {}
 
     def run(notebooks):
-        todo = {k: v for k, v in notebooks.items() if k not in cache}
+        # Catalogs of different chapters reuse names ("correct:reference"): key by chapter too.
+        keyed = {f"{nb.metadata['course']['chapter']}/{name}": nb for name, nb in notebooks.items()}
+        todo = {k: v for k, v in keyed.items() if k not in cache}
         if todo:
-            cache.update(grade_notebooks(todo, tmp_path_factory.mktemp("catalog")))
-        return {k: cache[k] for k in notebooks}
+            graded = grade_notebooks({k.replace("/", "__").replace(":", "_"): v for k, v in todo.items()},
+                                     tmp_path_factory.mktemp("catalog"))
+            cache.update(zip(todo, graded.values()))
+        return {name: cache[key] for name, key in zip(notebooks, keyed)}
     return run

@@ -137,7 +137,9 @@ def test_interrupted_run_resumes_without_regrading(tmp_path, how):
     course = new_course(tmp_path, students={"ada", "ben", "dan", "hana"})
     proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade-class", "--course", str(course),
                              "--workers", "1"], cwd=ROOT, env=with_python_bin_on_path(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a background shell may hand SIGINT down ignored; Ctrl-C is the point here
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_ledger_lines(course, 1, proc)
     proc.send_signal(how)
     proc.communicate(timeout=120)
