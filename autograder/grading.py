@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import fcntl
 import hashlib
@@ -29,6 +28,7 @@ import torch
 from . import hidden as H
 from .chapters import ChapterInfo
 from .env import ROOT, use_python_bin_on_path
+from .static_check import static_builtin_use
 from .submission import load, repaired
 
 CACHE = Path(os.environ.get("ATTN_GRADER_CACHE", ROOT / ".cache" / "grader"))
@@ -207,37 +207,6 @@ def _exercise_of(test_id, exercises):
 def _graded_tests(nb):
     return [c for c in nb.cells if c.cell_type == "code"
             and c.metadata.get("nbgrader", {}).get("grade") and c.metadata["nbgrader"].get("grade_id")]
-
-
-BANNED_ATTRIBUTES = set(H.ATTENTION_BUILTINS) | H.BUILTIN_MODULES | {"_scaled_dot_product_efficient_attention", "aten"}
-
-
-def static_builtin_use(nb, from_scratch) -> dict[str, str]:
-    """Answer cells of from-scratch exercises that name a built-in solver (read, never run)."""
-    found = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {}) if cell.cell_type == "code" else {}
-        name = meta.get("grade_id")
-        if not meta.get("solution") or name not in from_scratch:
-            continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            hit = None
-            if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRIBUTES:
-                hit = node.attr
-            elif isinstance(node, ast.ImportFrom):
-                hit = next((a.name for a in node.names if a.name in BANNED_ATTRIBUTES), None)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BANNED_ATTRIBUTES:
-                hit = node.value
-            if hit:
-                what = H.ATTENTION_BUILTINS.get(hit, f"nn.{hit}" if hit in H.BUILTIN_MODULES else f"torch.ops.{hit}")
-                found[name] = (f"`{name}` uses {what}: this exercise asks you to build it from "
-                               "scratch, so it earns no marks")
-                break
-    return found
 
 
 # ------------------------------------------------------------------ nbgrader course
