@@ -864,7 +864,7 @@ import math
 import torch
 
 import solutions.ch04_positional_encoding as ref
-from autograder.hidden import HiddenTests, Mistake, close, tolerance
+from autograder.hidden import HiddenTests, Mistake
 
 hidden = HiddenTests(ref)
 
@@ -1023,23 +1023,10 @@ ROPE_MISTAKES = [
 ]
 
 
-def _precision_hint(probe, value):
-    """Close to float32 precision but not to float64: the angles were computed in float32."""
-    x = probe.args[0]
-    if not isinstance(value, torch.Tensor) or x.dtype != torch.float64 or value.shape != x.shape \
-            or value.dtype != torch.float64:
-        return None
-    expected = ref.apply_rope(x.clone(), *probe.args[1:], **probe.kwargs)
-    if close(value, expected):
-        return None
-    atol, rtol = tolerance(torch.float32)
-    if torch.allclose(value, expected, atol=atol, rtol=rtol):
-        return ("right to float32 precision only: for a float64 input compute the angles (positions, "
-                "frequencies, cos and sin) in float64 too")
-    return None
-
-
-ROPE = dict(mistakes=ROPE_MISTAKES, checks=[_precision_hint])
+# Tolerances follow the spec, which keeps the dtype but does not ask for float64 angles:
+# angles computed in float32 (as most public implementations do) and applied to a float64
+# input agree to float32 precision and earn full marks (see autograder.hidden.tolerance).
+ROPE = dict(mistakes=ROPE_MISTAKES)
 
 
 @hidden.test("test_apply_rope_values")
