@@ -299,18 +299,14 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
                           for a in (*probe.args, *probe.kwargs.values()))
     problem = _structure_problem(student, expected, has_float_input)
     if problem:
-        return [f"`{probe.target}` {problem}{where}"]
+        # A mistake can change the shape too (a width taken from the data, not the argument).
+        named = _matching_mistake(probe, student, expected)
+        return [f"{named}{where}" if named else f"`{probe.target}` {problem}{where}"]
     problems = []
     if not values_match(student, expected, probe.strict):
-        for mistake in probe.mistakes:
-            try:
-                wrong = mistake.compute(*([probe.reference] if isinstance(probe.reference, torch.nn.Module) else []),
-                                        *[_clone(a) for a in probe.args],
-                                        **{k: _clone(v) for k, v in probe.kwargs.items()})
-            except Exception:  # noqa: BLE001 - a mistake model that does not apply
-                continue
-            if values_match(student, _as_tuple(wrong) if isinstance(expected, tuple) else wrong):
-                return [f"{mistake.message}{where}"]
+        named = _matching_mistake(probe, student, expected)
+        if named:
+            return [f"{named}{where}"]
         problems.append(f"`{probe.target}`: {_which_output_differs(student, expected, probe.strict)} from the "
                         f"reference{where}")
         for check in probe.checks:
@@ -333,6 +329,20 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
     if probe.cotangents:
         problems += _judge_grads(probe, got)
     return problems
+
+
+def _matching_mistake(probe, student, expected) -> str | None:
+    """The message of the first mistake model whose result the submission reproduces."""
+    for mistake in probe.mistakes:
+        try:
+            wrong = mistake.compute(*([probe.reference] if isinstance(probe.reference, torch.nn.Module) else []),
+                                    *[_clone(a) for a in probe.args],
+                                    **{k: _clone(v) for k, v in probe.kwargs.items()})
+        except Exception:  # noqa: BLE001 - a mistake model that does not apply
+            continue
+        if values_match(student, _as_tuple(wrong) if isinstance(expected, tuple) else wrong):
+            return mistake.message
+    return None
 
 
 def _judge_grads(probe, got) -> list[str]:

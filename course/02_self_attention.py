@@ -1217,10 +1217,17 @@ def _(t):
                 lambda lengths, max_len: (lambda p, l: p >= l)(*positions(lengths, max_len))),
         Mistake("off by one: position `length` itself is padding (use <, not <=)",
                 lambda lengths, max_len: (lambda p, l: p <= l)(*positions(lengths, max_len))),
+        Mistake("width taken from lengths.max(): use max_len, the padded length, which can be longer "
+                "than every sequence in the batch",
+                lambda lengths, max_len: (lambda p, l: p < l)(*positions(lengths, int(lengths.max())))),
     ]
     t.function("padding_mask", torch.tensor([3, 5, 1]), 5, mistakes=mistakes, label="lengths [3, 5, 1]")
     t.function("padding_mask", torch.tensor([2, 0, 6, 4]), 6, mistakes=mistakes,
                label="lengths [2, 0, 6, 4]")
+    # max_len longer than every sequence: the batch was padded for a longer one elsewhere.
+    t.function("padding_mask", torch.tensor([3, 1, 2]), 7, mistakes=mistakes,
+               label="lengths [3, 1, 2], max_len=7")
+    t.function("padding_mask", torch.tensor([0, 4]), 5, mistakes=mistakes, label="lengths [0, 4], max_len=5")
 
 
 # %% [hidden]
