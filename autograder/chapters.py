@@ -1,15 +1,14 @@
-"""Where each chapter's instructor notebook, reference and hidden tests live."""
+"""The chapters the grader knows: their instructor notebook (read once), reference and hidden tests."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-import re
 from pathlib import Path
 
-from .env import ROOT
+import nbformat
 
-SOURCE_DIR = ROOT / "source"
-CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
+from coursekit import conventions as C
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,20 +17,53 @@ class ChapterInfo:
 
     @property
     def instructor_notebook(self) -> Path:
-        return SOURCE_DIR / self.name / f"{self.name}.ipynb"
-
-    @property
-    def module(self) -> str:
-        return "ch" + self.name
+        return C.instructor_notebook(self.name)
 
     def reference(self):
-        return importlib.import_module(f"solutions.{self.module}")
+        return importlib.import_module(C.reference_module(self.name))
 
     def hidden(self):
         """The chapter's ``HiddenTests``."""
-        return importlib.import_module(f"solutions.{self.module}_hidden").hidden
+        return importlib.import_module(C.hidden_module(self.name)).hidden
+
+    @property
+    def tests(self) -> dict[str, float]:
+        """Test cell grade ids, in notebook order, with their points."""
+        return _instructor(self.instructor_notebook).tests
+
+    @property
+    def exercises(self) -> list[str]:
+        return _instructor(self.instructor_notebook).exercises
+
+    @property
+    def hidden_lines(self) -> frozenset[str]:
+        """Every non-empty line of the hidden parts of test cells (to keep out of feedback)."""
+        return _instructor(self.instructor_notebook).hidden_lines
+
+    def exercise_of(self, test_id: str) -> str | None:
+        return C.exercise_of(test_id, self.exercises)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instructor:
+    tests: dict
+    exercises: list
+    hidden_lines: frozenset
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path, mtime: float) -> _Instructor:
+    nb = nbformat.read(path, as_version=4)
+    tests = {C.grade_id(c): C.points(c) for c in nb.cells if C.is_test_cell(c)}
+    exercises = [C.grade_id(c) for c in nb.cells if C.is_answer_cell(c)]
+    hidden = frozenset(line.strip() for c in nb.cells for line in C.split_hidden(c.source)[1] if line.strip())
+    return _Instructor(tests, exercises, hidden)
+
+
+def _instructor(path: Path) -> _Instructor:
+    return _read(path, path.stat().st_mtime)
 
 
 def known() -> dict[str, ChapterInfo]:
-    return {d.name: ChapterInfo(d.name) for d in sorted(SOURCE_DIR.glob("[0-9][0-9]_*"))
-            if (d / f"{d.name}.ipynb").exists()}
+    """Chapters of the course whose instructor notebook has been generated."""
+    return {name: ChapterInfo(name) for name in C.chapter_names() if C.instructor_notebook(name).exists()}

@@ -19,7 +19,14 @@ OUTPUT_CAP = 64 * 1024  # characters of output kept per cell
 
 
 class GuardedExecute(Execute):
-    session = None  # the GradingSession in charge; set per grading run (one per process)
+    """Use ``for_run``: a subclass bound to one grading run (traitlets would deep-copy config values)."""
+
+    session = None  # the GradingSession that feeds the hidden tests
+    grading_kernel = None  # the started GradingKernelManager that runs the notebook
+
+    @classmethod
+    def for_run(cls, session, kernel) -> type:
+        return type("GuardedExecute", (cls,), {"session": session, "grading_kernel": kernel})
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -29,7 +36,7 @@ class GuardedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._dead = False
         try:
-            return super().preprocess(nb, resources, km)
+            return super().preprocess(nb, resources, km or self.grading_kernel)
         except DeadKernelError:
             # Raised again while shutting a dead kernel down: the cells are already marked.
             return nb, resources
@@ -41,7 +48,7 @@ class GuardedExecute(Execute):
             cell.outputs = [_error("KernelDied", "the kernel died before this cell ran")]
             return cell
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        session = type(self).session
+        session = self.session
         watched = session is not None and session.watches(grade_id)
         if watched:
             session.before_test(grade_id)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit import conventions as C
+
 from .chapters import ChapterInfo, known
 
 MAX_BYTES = 50 * 1024 * 1024
@@ -66,43 +68,40 @@ def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
     are dropped: exercises never need them and grading does not run them. The learner's
     own cells and answers are kept as they are.
     """
-    released = [c for c in release.cells if c.metadata.get("nbgrader", {}).get("grade_id")]
-    by_id = {c.metadata["nbgrader"]["grade_id"]: c for c in released}
+    released = [c for c in release.cells if C.grade_id(c)]
+    by_id = {C.grade_id(c): c for c in released}
     notes, seen, cells = [], set(), []
     for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader") if isinstance(cell.metadata.get("nbgrader"), dict) else {}
-        grade_id = meta.get("grade_id")
-        role = cell.metadata.get("course", {}).get("role") if isinstance(cell.metadata.get("course"), dict) else None
-        if role == "given" and not grade_id:
+        grade_id = C.grade_id(cell)
+        if C.role(cell) == "given" and not grade_id:
             continue
         course_cell = by_id.get(grade_id)
         if course_cell is None or grade_id in seen:
-            if course_cell is not None and course_cell.metadata["nbgrader"].get("grade"):
+            if course_cell is not None and C.is_test_cell(course_cell):
                 notes.append(f"a duplicate of test cell {grade_id} was ignored")
                 continue
-            if meta:
+            if "nbgrader" in cell.metadata:
                 notes.append(f"cell metadata {grade_id!r} is not a cell of this chapter" if course_cell is None
                              else f"a duplicate of answer cell {grade_id} is graded as plain code")
-            cell = nbformat.from_dict(json.loads(json.dumps(cell)))
+            cell = _copy(cell)
             cell.metadata.pop("nbgrader", None)
             cells.append(cell)
             continue
         seen.add(grade_id)
-        fixed = nbformat.from_dict(json.loads(json.dumps(course_cell)))
-        if course_cell.metadata["nbgrader"].get("solution"):
+        fixed = _copy(course_cell)
+        if C.is_answer_cell(course_cell):
             fixed.source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         if cell.cell_type != course_cell.cell_type:
             notes.append(f"cell {grade_id} had its type changed; it was restored")
         cells.append(fixed)
     for index, course_cell in enumerate(released):
-        grade_id = course_cell.metadata["nbgrader"]["grade_id"]
-        if grade_id in seen or not course_cell.metadata["nbgrader"].get("grade"):
+        grade_id = C.grade_id(course_cell)
+        if grade_id in seen or not C.is_test_cell(course_cell):
             continue
         notes.append(f"test cell {grade_id} was missing; it was restored")
-        before = {c.metadata["nbgrader"]["grade_id"] for c in released[:index]}
-        at = max((i + 1 for i, c in enumerate(cells)
-                  if c.metadata.get("nbgrader", {}).get("grade_id") in before), default=0)
-        cells.insert(at, nbformat.from_dict(json.loads(json.dumps(course_cell))))
+        before = {C.grade_id(c) for c in released[:index]}
+        at = max((i + 1 for i, c in enumerate(cells) if C.grade_id(c) in before), default=0)
+        cells.insert(at, _copy(course_cell))
         seen.add(grade_id)
     out = nbformat.v4.new_notebook(metadata=nb.metadata)
     out.nbformat_minor = 4
@@ -112,3 +111,7 @@ def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
             cell.outputs, cell.execution_count = [], None
         out.cells.append(cell)
     return out, notes
+
+
+def _copy(cell):
+    return nbformat.from_dict(json.loads(json.dumps(cell)))

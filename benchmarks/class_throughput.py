@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autograder.env import with_python_bin_on_path  # noqa: E402
+from coursekit.conventions import with_python_bin_on_path  # noqa: E402
 
 CHAPTER = "02_self_attention"
 

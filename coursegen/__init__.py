@@ -15,13 +15,11 @@ import dataclasses
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-COURSE_DIR = ROOT / "course"
-NOTE = "generated from {src} by `make generate`; do not edit"
+from coursekit.conventions import (COURSE_DIR, GENERATED_NOTE as NOTE, HIDDEN_BEGIN, HIDDEN_END, ROOT,
+                                   SOLUTION_BEGIN, SOLUTION_END, chapter_names, exercise_of,
+                                   strip_solution_markers)
 
 _HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
-SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
-HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 KINDS = {"markdown", "code", "export", "exercise", "test", "hidden"}
 
 
@@ -59,12 +57,6 @@ class Chapter:
 
     def tests_of(self, exercise: str) -> list[Cell]:
         return [c for c in self.of_kind("test") if exercise_of(c.name, self.exercises) == exercise]
-
-
-def exercise_of(test_id: str, exercises: list[str]) -> str | None:
-    """The exercise a test cell belongs to: the longest name that ``test_<name>`` starts."""
-    owners = [e for e in exercises if test_id == f"test_{e}" or test_id.startswith(f"test_{e}_")]
-    return max(owners, key=len) if owners else None
 
 
 def _parse_header(body: str | None, line: int) -> Cell:
@@ -151,10 +143,4 @@ def _validate(chapter: Chapter) -> None:
 
 
 def chapters() -> list[Chapter]:
-    return [parse_chapter(p) for p in sorted(COURSE_DIR.glob("[0-9][0-9]_*.py"))]
-
-
-def strip_solution_markers(source: str) -> str:
-    return "\n".join(
-        line for line in source.splitlines() if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END)
-    )
+    return [parse_chapter(COURSE_DIR / f"{name}.py") for name in chapter_names()]

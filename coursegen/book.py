@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from autograder.env import with_python_bin_on_path
+from coursekit.conventions import with_python_bin_on_path
 
 from . import ROOT, chapters, strip_solution_markers
 

@@ -1,16 +1,13 @@
 """Turn a parsed chapter into its instructor notebook, reference and hidden modules."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
 
-from autograder.env import with_python_bin_on_path
+from coursekit.nbgrader_course import generate_assignment
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
@@ -104,24 +101,9 @@ def dumps_notebook(nb) -> str:
 def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> str:
     """Run nbgrader generate_assignment on the instructor notebook in a scratch course."""
     with tempfile.TemporaryDirectory(prefix="coursegen-") as tmp:
-        course = Path(tmp)
-        src = course / "source" / chapter.name
-        src.mkdir(parents=True)
-        (src / f"{chapter.name}.ipynb").write_text(dumps_notebook(instructor))
-        (course / "nbgrader_config.py").write_text(
-            "c = get_config()\n"
-            f"c.CourseDirectory.root = {str(course)!r}\n"
-            "c.CourseDirectory.course_id = 'attention-from-scratch'\n"
-        )
-        env = with_python_bin_on_path({**os.environ, "JUPYTER_CONFIG_DIR": str(course / ".jupyter")})
-        proc = subprocess.run(
-            [sys.executable, "-m", "nbgrader", "generate_assignment", chapter.name,
-             "--force", "--log-level=ERROR"],
-            cwd=course, env=env, capture_output=True, text=True,
-        )
-        released = course / "release" / chapter.name / f"{chapter.name}.ipynb"
-        if proc.returncode != 0 or not released.exists():
-            raise RuntimeError(f"nbgrader generate_assignment failed:\n{proc.stdout}\n{proc.stderr}")
+        notebook = Path(tmp) / f"{chapter.name}.ipynb"
+        notebook.write_text(dumps_notebook(instructor))
+        released = generate_assignment(Path(tmp) / "course", chapter.name, notebook)
         nb = nbformat.read(released, as_version=4)
     return dumps_notebook(_without_cell_ids(nb))
 

@@ -97,3 +97,11 @@ def grade_catalog(tmp_path_factory):
             cache.update(zip(todo, graded.values()))
         return {name: cache[key] for name, key in zip(notebooks, keyed)}
     return run
+
+
+def pytest_generate_tests(metafunc):
+    """A chapter's catalog (tests/catalog.py) is parametrized by the cases its module declares."""
+    catalog = getattr(metafunc.module, "CATALOG", None)
+    for kind in ("correct", "mistake", "tamper"):
+        if f"{kind}_case" in metafunc.fixturenames:
+            metafunc.parametrize(f"{kind}_case", catalog.names(kind) if catalog else [])

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 
-from autograder.env import with_python_bin_on_path
+from coursekit.conventions import with_python_bin_on_path
 
 EXPECTED = {"ada": 10.0, "ben": 5.0, "cleo": 9.0, "dan": 0.0, "eve": 0.0, "finn": 0.0, "gus": 10.0,
             "hana": 10.0, "ivan": 0.0}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
 
-from conftest import ROOT, scores_by_test, submission
+from catalog import Catalog, tampered
+from conftest import ROOT, submission
 
 CHAPTER = "01_bahdanau_attention"
 MS_TESTS = ["test_masked_softmax_no_mask", "test_masked_softmax_mask", "test_masked_softmax_gradients"]
@@ -19,7 +19,6 @@ DOT_TESTS = ["test_dot_score_values", "test_dot_score_batch"]
 AA_TESTS = ["test_AdditiveAttention_shapes", "test_AdditiveAttention_values", "test_AdditiveAttention_mask"]
 BD_TESTS = ["test_BahdanauDecoder_shapes", "test_BahdanauDecoder_step", "test_BahdanauDecoder_mask"]
 ALL_TESTS = MS_TESTS + DOT_TESTS + AA_TESTS + BD_TESTS
-FULL = float(len(ALL_TESTS))
 
 
 def sub(answers=None, **kwargs):
@@ -303,44 +302,7 @@ TAMPERING = {
 }
 
 
-def _tampered(tricks):
-    return sub(base="stub", prepend=tricks)
+CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
+                  tampering={k: tampered(CHAPTER, v) for k, v in TAMPERING.items()})
 
-
-CATALOG = {**{f"correct:{k}": v for k, v in CORRECT.items()},
-           **{f"mistake:{k}": v[0] for k, v in MISTAKES.items()},
-           **{f"independent:{k}": v[0] for k, v in INDEPENDENT.items()},
-           **{f"tamper:{k}": _tampered(v) for k, v in TAMPERING.items()}}
-
-
-@pytest.fixture(scope="module")
-def graded(grade_catalog):
-    return grade_catalog(CATALOG)
-
-
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_styles_get_full_marks(graded, name):
-    result = graded[f"correct:{name}"]
-    assert result.get("score") == FULL, result
-
-
-@pytest.mark.parametrize("name", list(MISTAKES) + list(INDEPENDENT))
-def test_mistakes_lose_exactly_their_points_with_a_named_reason(graded, name):
-    expected = (MISTAKES | INDEPENDENT)[name][1]
-    result = graded[f"mistake:{name}" if name in MISTAKES else f"independent:{name}"]
-    assert "error" not in result, result
-    lines = scores_by_test(result)
-    assert sorted(lines) == sorted(ALL_TESTS), lines
-    for test_id in ALL_TESTS:
-        if test_id in expected:
-            assert "(0/1)" in lines[test_id], (test_id, lines[test_id])
-            assert expected[test_id] in lines[test_id], (test_id, lines[test_id])
-        else:
-            assert "(1/1): passed" in lines[test_id], (test_id, lines[test_id])
-
-
-@pytest.mark.parametrize("name", list(TAMPERING))
-def test_tampering_gains_nothing(graded, name):
-    result = graded[f"tamper:{name}"]
-    assert "error" not in result, result
-    assert result["score"] == 0.0, result
+from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

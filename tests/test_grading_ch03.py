@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
 
+from catalog import Catalog, tampered
 from conftest import ROOT, submission
 
 CHAPTER = "03_multi_head_attention"
@@ -22,7 +22,6 @@ POINTS = {
 }
 ALL_TESTS = list(POINTS)
 MHA_TESTS = [t for t in ALL_TESTS if t.startswith("test_MultiHeadAttention")]
-MAX_SCORE = float(sum(POINTS.values()))
 
 
 def split(body: str) -> str:
@@ -49,15 +48,6 @@ def mha(forward_body: str) -> str:
             def forward(self, query, key, value, mask=None):
         ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
 
-
-def feedback_by_test(result: dict) -> dict[str, str]:
-    """test id -> all its feedback lines (a test can report a hint after its main reason)."""
-    out: dict[str, str] = {}
-    for exercise in result["exercises"].values():
-        for line in exercise["feedback"]:
-            test_id = line.split(" ", 1)[0]
-            out[test_id] = out.get(test_id, "") + line + "\n"
-    return out
 
 
 def sub(answers=None, **kwargs):
@@ -281,9 +271,6 @@ TAMPERING = {
 }
 
 
-def _tampered(tricks):
-    return sub(base="stub", prepend=tricks)
-
 
 # After the stubs: a class that hands the work to PyTorch's own layer, under the given names.
 TAMPERING_APPENDED = {
@@ -302,42 +289,8 @@ TAMPERING_APPENDED = {
 }
 
 
-CATALOG = {**{f"correct:{k}": v for k, v in CORRECT.items()},
-           **{f"mistake:{k}": v[0] for k, v in MISTAKES.items()},
-           **{f"independent:{k}": v[0] for k, v in INDEPENDENT.items()},
-           **{f"tamper:{k}": _tampered(v) for k, v in TAMPERING.items()},
-           **{f"tamper:{k}": sub(base="stub", append=v) for k, v in TAMPERING_APPENDED.items()}}
+CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
+                  tampering={**{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_APPENDED.items()}})
 
-
-@pytest.fixture(scope="module")
-def graded(grade_catalog):
-    return grade_catalog(CATALOG)
-
-
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_styles_get_full_marks(graded, name):
-    result = graded[f"correct:{name}"]
-    assert result.get("score") == MAX_SCORE, result
-
-
-@pytest.mark.parametrize("name", list(MISTAKES) + list(INDEPENDENT))
-def test_mistakes_lose_exactly_their_points_with_a_named_reason(graded, name):
-    expected = (MISTAKES | INDEPENDENT)[name][1]
-    result = graded[f"mistake:{name}" if name in MISTAKES else f"independent:{name}"]
-    assert "error" not in result, result
-    lines = feedback_by_test(result)
-    assert set(lines) == set(ALL_TESTS), lines
-    for test_id in ALL_TESTS:
-        points = POINTS[test_id]
-        if test_id in expected:
-            assert f"(0/{points})" in lines[test_id], (test_id, lines[test_id])
-            assert expected[test_id] in lines[test_id], (test_id, lines[test_id])
-        else:
-            assert f"({points}/{points}): passed" in lines[test_id], (test_id, lines[test_id])
-
-
-@pytest.mark.parametrize("name", list(TAMPERING) + list(TAMPERING_APPENDED))
-def test_tampering_gains_nothing(graded, name):
-    result = graded[f"tamper:{name}"]
-    assert "error" not in result, result
-    assert result["score"] == 0.0, result
+from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

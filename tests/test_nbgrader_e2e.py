@@ -8,7 +8,7 @@ import nbformat
 
 from conftest import ROOT, submission
 
-from autograder.env import with_python_bin_on_path
+from coursekit.conventions import with_python_bin_on_path
 
 
 def nbgrader(course: Path, *args):

@@ -1,0 +1,137 @@
+"""Start the grading kernel: in the OS sandbox, with its guard, its probe library, an explicit environment.
+
+The kernel talks to the grader over ZeroMQ ``ipc`` sockets (files in the exchange
+folder): in its own network namespace it has no TCP route to the grader. It is
+interrupted by message, because signals from outside do not reach into its session.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Any, Bool, Instance, List, Unicode
+
+from . import sandbox
+
+HERE = Path(__file__).resolve().parent
+INSIDE_LIB = "/tmp/.grader/lib"  # read-only inside the sandbox
+INSIDE_GUARD = "/tmp/ipython/profile_default/startup/00-attn-guard.py"
+
+
+class Exchange:
+    """The one folder the kernel and the grader share: sockets, a test's inputs, its results."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.cases, self.results = folder / "cases", folder / "results"
+        for d in (self.cases, self.results):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def clear(self):
+        for d in (self.cases, self.results):
+            for f in d.iterdir():
+                if f.is_dir() and not f.is_symlink():
+                    import shutil
+                    shutil.rmtree(f, ignore_errors=True)
+                else:
+                    f.unlink(missing_ok=True)
+
+
+def kernel_environment(exchange: Exchange, sandboxed: bool, scratch: Path, private=()) -> dict[str, str]:
+    """Everything the kernel's environment holds: nothing of the grading user's."""
+    tmp = "/tmp" if sandboxed else str(scratch)
+    rules = [("write", tmp), ("write", str(exchange.results)), ("read", str(exchange.cases))]
+    if not sandboxed:  # the audit hook is all there is: keep it away from the project
+        rules = [("deny", str(HERE.parent)), ("deny", str(exchange.folder.parent.parent)),
+                 *(("deny", str(p)) for p in private),
+                 ("read", sys.prefix), ("read", sys.base_prefix), ("read", str(scratch / "lib")),
+                 ("read", str(scratch / "ipython")), *rules]
+    return {
+        "PATH": os.pathsep.join([str(Path(sandbox.python_inside() if sandboxed else sys.executable).parent),
+                                 "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": f"{tmp}/home",
+        "LANG": "C.UTF-8",
+        "TMPDIR": tmp,
+        "IPYTHONDIR": f"{tmp}/ipython",
+        "PYTHONPATH": INSIDE_LIB if sandboxed else str(scratch / "lib"),
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": f"{tmp}/matplotlib",
+        "OMP_NUM_THREADS": "1",
+        "ATTN_GRADER_CASES": str(exchange.cases),
+        "ATTN_GRADER_RESULTS": str(exchange.results),
+        "ATTN_GRADER_RULES": json.dumps(rules),
+    }
+
+
+class GradingKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs in the sandbox (or, if told so, plainly)."""
+
+    exchange = Instance(Exchange)
+    scratch = Instance(Path, allow_none=True)  # host folder: unsandboxed kernel's /tmp
+    sandboxed = Bool(True)
+    limits = Instance(sandbox.Limits)
+    private = List(Unicode(), help="folders an unsandboxed kernel's audit hook must deny")
+    watchdog = Any(None)
+
+    def __init__(self, **kwargs):
+        super().__init__(kernel_name="python3", transport="ipc", **kwargs)
+        self.ip = str(self.exchange.folder / "kernel")
+        self.connection_file = str(self.exchange.folder / "kernel.json")
+        self.kernel_spec.interrupt_mode = "message"
+
+    @property
+    def limit_reason(self) -> str | None:
+        """The limit the watchdog stopped the kernel for, if it did."""
+        return self.watchdog.reason if self.watchdog else None
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        env = kernel_environment(self.exchange, self.sandboxed, self.scratch, self.private)
+        python = sandbox.python_inside() if self.sandboxed else sys.executable
+        argv = [python, *kernel_cmd[1:]]  # the python3 kernelspec: python -m ipykernel_launcher ...
+        self._log = open(self.exchange.folder.parent / "kernel.log", "wb")  # bwrap's and the kernel's own words
+        kw["stdout"], kw["stderr"] = subprocess.DEVNULL, self._log
+        if self.sandboxed:
+            files = {INSIDE_GUARD: HERE / "guard.py", f"{INSIDE_LIB}/attn_probe.py": HERE / "probe.py"}
+            argv = sandbox.command(argv, self.exchange.folder, files, env, self.limits)
+            kw["env"] = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        else:
+            lib, startup = self.scratch / "lib", self.scratch / "ipython" / "profile_default" / "startup"
+            for d in (lib, startup, self.scratch / "work", self.scratch / "home"):
+                d.mkdir(parents=True, exist_ok=True)
+            (startup / "00-attn-guard.py").write_bytes((HERE / "guard.py").read_bytes())
+            (lib / "attn_probe.py").write_bytes((HERE / "probe.py").read_bytes())
+            kw["env"] = env
+            kw["cwd"] = str(self.scratch / "work")
+        os.chmod(self.connection_file, 0o600)
+        await super()._async_launch_kernel(argv, **kw)
+        self.watchdog = sandbox.Watchdog(self.provisioner.pid, self.exchange.folder, self.limits,
+                                         kill=self._kill_now)
+        return None
+
+    def _kill_now(self):
+        try:
+            os.killpg(self.provisioner.pgid or self.provisioner.pid, 9)
+        except (ProcessLookupError, PermissionError, TypeError):
+            pass
+
+    async def _async_shutdown_kernel(self, now=False, restart=False):
+        if self.watchdog:
+            self.watchdog.stop()
+        await super()._async_shutdown_kernel(now=now, restart=restart)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def start_failure(self) -> str:
+        """The last line the sandbox or the kernel wrote, for a kernel that would not start."""
+        try:
+            lines = (self.exchange.folder.parent / "kernel.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
+

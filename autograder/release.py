@@ -1,0 +1,28 @@
+"""Release chapters into an nbgrader course folder (generate_assignment), or into a plain folder."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from coursekit.conventions import COURSE_ID
+from coursekit.nbgrader_course import generate_assignment
+
+from .chapters import ChapterInfo
+
+
+def release(course: Path, chapters: list[ChapterInfo], plain_folder: Path | None = None) -> list[Path]:
+    """generate_assignment for each chapter; optionally copy the learner notebooks to a folder."""
+    course = Path(course).resolve()
+    course.mkdir(parents=True, exist_ok=True)
+    config = course / "nbgrader_config.py"  # so that nbgrader's own commands work in the folder
+    if not config.exists():
+        config.write_text(f"c = get_config()\nc.CourseDirectory.course_id = {COURSE_ID!r}\n")
+    made = []
+    for info in chapters:
+        out = generate_assignment(course, info.name, info.instructor_notebook)
+        if plain_folder is not None:
+            plain_folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out, plain_folder / out.name)
+            out = plain_folder / out.name
+        made.append(out)
+    return made

@@ -1,0 +1,47 @@
+"""Judge every test cell of one submission from what its kernel returned, in the grader's process."""
+from __future__ import annotations
+
+import dataclasses
+
+from . import hidden as H
+
+
+@dataclasses.dataclass
+class TestOutcome:
+    test_id: str
+    exercise: str
+    points: float
+    score: float
+    problems: list[str]
+
+
+def judge(session, static: dict[str, str], stopped: str | None = None) -> list[TestOutcome]:
+    """One outcome per test cell, in notebook order.
+
+    static: exercise -> reason it earns nothing, found by reading its source.
+    stopped: why the kernel was stopped early (a limit), if it was.
+    """
+    chapter = session.chapter
+    outcomes = []
+    for test_id, points in chapter.tests.items():
+        exercise = chapter.exercise_of(test_id)
+        problems = [static[exercise]] if exercise in static else _judge_test(session, test_id, stopped)
+        outcomes.append(TestOutcome(test_id, exercise, points, 0.0 if problems else points, problems))
+    return outcomes
+
+
+def _judge_test(session, test_id, stopped) -> list[str]:
+    got = session.results(test_id)
+    if got is None:
+        if stopped:
+            return [f"this test did not run: {stopped}"]
+        return ["this test did not run (the kernel died, timed out or stopped before it)"]
+    probes = session.probes[test_id]
+    for probe, result in zip(probes, got):
+        problems = H.judge_probe(probe, result, session.hidden.from_scratch)
+        if problems:
+            return problems
+    if len(got) < len(probes):
+        return ["this test did not finish (the kernel stopped part way)"
+                + (f": {stopped}" if stopped else "")]
+    return []

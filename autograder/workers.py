@@ -1,0 +1,128 @@
+"""Worker processes that grade one submission at a time; one that overruns is killed with its kernels."""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import queue
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from .chapters import known
+from .collect import Task
+
+
+def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandboxed: bool):
+    """Grade tasks until told to stop; runs in its own session so its kernels can be killed."""
+    os.setsid()
+    import warnings
+    warnings.filterwarnings("ignore")
+    from .grading import grade
+    from .submission import SubmissionError
+    parent = os.getppid()
+    while True:
+        try:
+            item = tasks.get(timeout=1)
+        except queue.Empty:
+            if os.getppid() != parent:  # the class run was killed: do not linger
+                return
+            continue
+        if item is None:
+            return
+        student, chapter, path = item
+        scratch = Path(feedback_root) / ".incoming" / f"{student}--{chapter}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
+                           feedback_dir=scratch, private=tuple(Path(p) for p in private),
+                           sandboxed=sandboxed)
+            data = report.as_json()
+            data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
+            data["repairs"] = report.repairs
+            data["feedback_html"] = str(report.feedback_html) if report.feedback_html else None
+            results.put((student, chapter, "ok", data))
+        except SubmissionError as err:
+            results.put((student, chapter, "ungradable", str(err)))
+        except Exception as err:  # noqa: BLE001 - one line per submission, the class goes on
+            first = str(err).splitlines()[0] if str(err) else ""
+            results.put((student, chapter, "failed", f"grading failed: {type(err).__name__}: {first}"[:300]))
+
+
+class WorkerPool:
+    """N worker processes; a task that runs past its deadline has its worker killed."""
+
+    def __init__(self, count: int, feedback_root: Path, deadline: float, private: tuple[Path, ...] = (),
+                 sandboxed: bool = True):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.results = self.ctx.Queue()
+        self.feedback_root, self.deadline = feedback_root, deadline
+        self.private = tuple(str(p.resolve()) for p in private)
+        self.sandboxed = sandboxed
+        self.workers: dict[int, dict] = {}
+        for _ in range(count):
+            self._start()
+
+    def _start(self):
+        tasks = self.ctx.Queue()
+        proc = self.ctx.Process(target=_worker, args=(tasks, self.results, str(self.feedback_root),
+                                                      self.private, self.sandboxed), daemon=True)
+        proc.start()
+        self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "task": None, "since": 0.0}
+
+    def idle(self):
+        return [w for w in self.workers.values() if w["task"] is None]
+
+    def submit(self, worker, task: Task):
+        worker["task"], worker["since"] = task, time.monotonic()
+        worker["tasks"].put((task.student, task.chapter, str(task.path)))
+
+    def busy(self) -> bool:
+        return any(w["task"] is not None for w in self.workers.values())
+
+    def poll(self, timeout=0.5):
+        """Finished results, plus synthetic failures for workers that died or overran."""
+        done = []
+        try:
+            while True:
+                student, chapter, status, data = self.results.get(timeout=timeout)
+                timeout = 0
+                for w in self.workers.values():
+                    t = w["task"]
+                    if t is not None and (t.student, t.chapter) == (student, chapter):
+                        w["task"] = None
+                        done.append((t, status, data))
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        for pid, w in list(self.workers.items()):
+            t = w["task"]
+            if t is None:
+                continue
+            overran = now - w["since"] > self.deadline
+            if overran or not w["proc"].is_alive():
+                self._kill(pid)
+                reason = (f"grading did not finish within {self.deadline:g} s" if overran
+                          else "the grading worker died")
+                done.append((t, "failed", reason))
+                self._start()
+        return done
+
+    def _kill(self, pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the worker and its kernels
+        except (ProcessLookupError, PermissionError):
+            pass
+        w = self.workers.pop(pid)
+        w["proc"].join(timeout=5)
+
+    def close(self, kill=False):
+        for pid, w in list(self.workers.items()):
+            if kill or w["task"] is not None:
+                self._kill(pid)
+            else:
+                w["tasks"].put(None)
+                w["proc"].join(timeout=10)
+                if w["proc"].is_alive():
+                    self._kill(pid)

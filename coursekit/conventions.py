@@ -1,0 +1,113 @@
+"""The course's conventions, in one place: names, paths, markers, cell roles.
+
+Both ``coursegen`` (which writes the notebooks) and ``autograder`` (which grades them)
+read them from here, so the two cannot disagree.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE_ID = "attention-from-scratch"
+
+COURSE_DIR = ROOT / "course"  # chapter sources: the single source of each chapter
+SOURCE_DIR = ROOT / "source"  # generated nbgrader instructor notebooks
+CHAPTERS_DIR = ROOT / "chapters"  # generated learner notebooks
+SOLUTIONS_PACKAGE = "solutions"  # generated reference and hidden-test modules
+
+CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
+SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+GENERATED_NOTE = "generated from {src} by `make generate`; do not edit"
+
+
+def chapter_names() -> list[str]:
+    """Every chapter of the course, in order: one per source file in ``course/``."""
+    return [p.stem for p in sorted(COURSE_DIR.glob("[0-9][0-9]_*.py")) if CHAPTER_NAME.match(p.stem)]
+
+
+def instructor_notebook(chapter: str) -> Path:
+    return SOURCE_DIR / chapter / f"{chapter}.ipynb"
+
+
+def learner_notebook(chapter: str) -> Path:
+    return CHAPTERS_DIR / f"{chapter}.ipynb"
+
+
+def reference_module(chapter: str) -> str:
+    """Import name of the chapter's reference solution, e.g. ``solutions.ch02_self_attention``."""
+    return f"{SOLUTIONS_PACKAGE}.ch{chapter}"
+
+
+def hidden_module(chapter: str) -> str:
+    return f"{reference_module(chapter)}_hidden"
+
+
+def exercise_of(test_id: str, exercises) -> str | None:
+    """The exercise a test cell belongs to: the longest name that ``test_<name>`` starts."""
+    owners = [e for e in exercises if test_id == f"test_{e}" or test_id.startswith(f"test_{e}_")]
+    return max(owners, key=len) if owners else None
+
+
+# ------------------------------------------------------------------ cells
+
+def grade_id(cell) -> str | None:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta.get("grade_id") if isinstance(meta, dict) else None
+
+
+def is_test_cell(cell) -> bool:
+    """An nbgrader autograder test cell (graded, read-only, code)."""
+    from nbgrader.utils import is_grade  # nbgrader takes seconds to import: only when needed
+    return cell.get("cell_type") == "code" and _nbgrader_dict(cell) and is_grade(cell) and bool(grade_id(cell))
+
+
+def is_answer_cell(cell) -> bool:
+    """An nbgrader answer cell (the learner writes the solution)."""
+    from nbgrader.utils import is_solution
+    return _nbgrader_dict(cell) and is_solution(cell) and bool(grade_id(cell))
+
+
+def points(cell) -> float:
+    return float(cell.metadata["nbgrader"]["points"])
+
+
+def role(cell) -> str | None:
+    """``given`` (demo code, not run while grading), ``export`` (needed by exercises) or None."""
+    meta = cell.get("metadata", {}).get("course")
+    return meta.get("role") if isinstance(meta, dict) else None
+
+
+def _nbgrader_dict(cell) -> bool:
+    return isinstance(cell.get("metadata", {}).get("nbgrader"), dict)
+
+
+def split_hidden(source: str) -> tuple[list[str], list[str]]:
+    """(visible lines, hidden-test lines) of a test cell's source."""
+    visible, hidden, inside = [], [], False
+    for line in source.splitlines():
+        if line.strip() == HIDDEN_BEGIN:
+            inside = True
+        elif line.strip() == HIDDEN_END:
+            inside = False
+        else:
+            (hidden if inside else visible).append(line)
+    return visible, hidden
+
+
+def strip_solution_markers(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END))
+
+
+# ------------------------------------------------------------------ processes
+
+def with_python_bin_on_path(env: dict | None = None) -> dict:
+    """nbgrader shells out to ``alembic``: put this interpreter's bin/ first on PATH."""
+    env = dict(os.environ if env is None else env)
+    bin_dir = str(Path(sys.executable).parent)
+    if env.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env

@@ -1,0 +1,58 @@
+"""The one route from this project to nbgrader: a course folder, its apps, its gradebook.
+
+Every nbgrader operation the project runs (``generate_assignment`` for the generator,
+the grader's cache and ``release``; ``autograde`` and ``generate_feedback`` for the
+grader) goes through ``api``, in process, with a configuration made here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from .conventions import COURSE_ID, with_python_bin_on_path
+
+
+def db_url(root: Path) -> str:
+    return f"sqlite:///{Path(root).resolve() / 'gradebook.db'}"
+
+
+def config(root: Path):
+    """An nbgrader configuration for the course folder ``root`` (made absolute)."""
+    from traitlets.config import Config
+    c = Config()
+    c.CourseDirectory.root = str(Path(root).resolve())
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.db_url = db_url(root)
+    return c
+
+
+def api(root: Path, cfg=None):
+    """nbgrader's API on ``root``; ``cfg`` is a configuration from ``config`` with more set."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    os.environ["PATH"] = with_python_bin_on_path()["PATH"]  # nbgrader runs `alembic`
+    cfg = cfg if cfg is not None else config(root)
+    return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+
+
+def generate_assignment(root: Path, chapter: str, instructor_notebook: Path) -> Path:
+    """Put the instructor notebook into ``root/source`` and release it; return the learner notebook."""
+    root = Path(root).resolve()
+    src = root / "source" / chapter
+    src.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(instructor_notebook, src / f"{chapter}.ipynb")
+    result = api(root).generate_assignment(chapter, force=True, create=True)
+    released = root / "release" / chapter / f"{chapter}.ipynb"
+    if not result["success"] or not released.exists():
+        reason = (result.get("error") or result.get("log") or "no reason given").strip().splitlines()
+        raise RuntimeError(f"nbgrader generate_assignment {chapter} failed: {reason[-1] if reason else ''}")
+    return released
+
+
+@contextlib.contextmanager
+def gradebook(root: Path):
+    from nbgrader.api import Gradebook
+    with Gradebook(db_url(root), COURSE_ID) as gb:
+        yield gb
