@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install generate check-generated book test grade clean
+.PHONY: install sandbox generate check-generated book test grade clean
 
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ check-generated: $(INSTALLED)
 book: $(INSTALLED)
 	$(PY) -m coursegen.book
 
+## The grader's OS sandbox (bubblewrap): installed when root on Debian, else one line says what is missing
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "make: the grader's sandbox needs bubblewrap: install it (Debian/Ubuntu: apt-get install bubblewrap)" >&2; exit 1; \
+	  fi; }
+
 ## Run every test (CI runs this)
-test: $(INSTALLED)
+test: $(INSTALLED) sandbox
 	$(PY) -m pytest tests
 
 ## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb

@@ -24,23 +24,28 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from coursekit.conventions import with_python_bin_on_path  # noqa: E402
 
 CHAPTER = "02_self_attention"
+UNSCALED = ("def scaled_dot_product_attention(query, key, value, mask=None):\n"
+            "    scores = query @ key.transpose(-2, -1)\n"
+            "    if mask is not None:\n        scores = scores.masked_fill(~mask, float('-inf'))\n"
+            "    weights = scores.softmax(-1)\n    return weights @ value, weights\n")
+UPPER = "def causal_mask(n):\n    return torch.ones(n, n, dtype=torch.bool).triu()\n"
+OFF_BY_ONE = "def padding_mask(lengths, max_len):\n    return torch.arange(max_len)[None] <= lengths[:, None]\n"
 
 
 def synthetic_class(folder: Path, count: int) -> None:
     """Mostly correct work, some common mistakes, some untouched stubs."""
-    from conftest import submission
-    from test_grading_ch02 import MISTAKES
-    mistakes = list(MISTAKES.values())
+    from coursekit.sample_submissions import submission
+    mistakes = [submission({"scaled_dot_product_attention": UNSCALED}), submission({"causal_mask": UPPER}),
+                submission({"padding_mask": OFF_BY_ONE})]
     for i in range(count):
         if i % 10 < 6:
             nb = submission()
         elif i % 10 < 9:
-            nb = mistakes[i % len(mistakes)][0]
+            nb = mistakes[i % len(mistakes)]
         else:
             nb = submission(base="stub")
         path = folder / "submitted" / f"s{i:03d}" / CHAPTER / f"{CHAPTER}.ipynb"

@@ -1,4 +1,4 @@
-"""Shared helpers: build submissions from the learner notebook, grade them in parallel."""
+"""Shared fixtures: submissions (from ``coursekit.sample_submissions``), graded in parallel."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -15,38 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "20")
 
-
-def learner_notebook(chapter="02_self_attention"):
-    return nbformat.read(ROOT / "chapters" / f"{chapter}.ipynb", as_version=4)
-
-
-def reference_answers(chapter="02_self_attention") -> dict[str, str]:
-    from coursegen import parse_chapter, strip_solution_markers
-    ch = parse_chapter(ROOT / "course" / f"{chapter}.py")
-    return {c.name: strip_solution_markers(c.source) for c in ch.of_kind("exercise")}
-
-
-def submission(answers: dict[str, str] | None = None, *, base="reference", prepend=(), append=(),
-               chapter="02_self_attention"):
-    """A learner notebook with answer cells replaced.
-
-    base: "reference" fills every answer with the reference, "stub" keeps the stubs;
-    answers overrides single exercises; prepend/append add student cells right after
-    the export (imports) cell / at the end.
-    """
-    nb = learner_notebook(chapter)
-    filled = reference_answers(chapter) if base == "reference" else {}
-    filled.update(answers or {})
-    for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in filled:
-            cell.source = filled[grade_id]
-    first_export = next(i for i, c in enumerate(nb.cells) if c.metadata.get("course", {}).get("role") == "export")
-    for offset, source in enumerate(prepend):
-        nb.cells.insert(first_export + 1 + offset, nbformat.v4.new_code_cell(source))
-    for source in append:
-        nb.cells.append(nbformat.v4.new_code_cell(source))
-    return nb
+from coursekit.sample_submissions import learner_notebook, reference_answers, submission  # noqa: E402,F401
 
 
 def _grade_one(path: str):

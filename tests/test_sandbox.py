@@ -1,0 +1,189 @@
+"""Escape suite: submitted code sees, changes and reaches nothing but its own scratch.
+
+Each attack answers `scaled_dot_product_attention` with the reference solution only if
+its escape worked, so an escape would show as points. Grading inside the sandbox must
+give those tests 0, change no file, and leave other students' grades as they are alone.
+The same native read, graded with --unsandboxed, does get the points: proof that the
+attack is real and that the OS boundary, not the audit hook, is what stops it.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import ROOT, reference_answers, submission
+
+CHAPTER = "02_self_attention"
+SDPA_TESTS = 4  # points of scaled_dot_product_attention's tests; the rest of the notebook is stubs
+SECRET = "attention-is-all-you-need"
+
+
+def attack(escape: str) -> nbformat.NotebookNode:
+    """A stub notebook whose first answer is correct only when ``escape`` sets ok = True."""
+    body = textwrap.dedent(escape).strip()
+    answer = (f"ok = False\ntry:\n{textwrap.indent(body, '    ')}\nexcept BaseException as err:\n"
+              f"    print('escape failed:', type(err).__name__, err)\n"
+              f"if ok:\n{textwrap.indent(reference_answers(CHAPTER)['scaled_dot_product_attention'], '    ')}\n"
+              "else:\n    def scaled_dot_product_attention(query, key, value, mask=None):\n"
+              "        raise NotImplementedError()\n")
+    return submission({"scaled_dot_product_attention": answer}, base="stub", chapter=CHAPTER)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """What an escape would reach: a private file, a loopback service, an environment secret."""
+    private = tmp_path_factory.mktemp("private") / "secret.txt"
+    private.write_text(SECRET)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(SECRET.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["ATTN_TEST_SECRET"] = SECRET  # the grading process has it; the kernel must not
+    yield {"private": private, "port": server.server_address[1]}
+    server.shutdown()
+    os.environ.pop("ATTN_TEST_SECRET", None)
+
+
+def attacks(host) -> dict[str, str]:
+    reference = ROOT / "solutions" / "ch02_self_attention.py"
+    return {
+        # Native reads (torch and numpy open files in C++; no audit event).
+        "native_read_reference": f"""
+            import torch
+            data = torch.from_file({str(reference)!r}, size=64, dtype=torch.uint8)
+            ok = b"Reference" in bytes(data.tolist())
+        """,
+        "numpy_memmap_private_file": f"""
+            import numpy as np
+            ok = bytes(np.memmap({str(host['private'])!r}, dtype=np.uint8, mode='r')).decode() == {SECRET!r}
+        """,
+        "native_write_reference": f"""
+            import torch
+            target = torch.from_file({str(reference)!r}, shared=True, size=8, dtype=torch.uint8)
+            target[:] = torch.tensor(list(b"# pwned!"), dtype=torch.uint8)
+            ok = True
+        """,
+        "list_other_students": """
+            import os
+            ok = any(os.path.exists(p) for p in ("/work", "/root/.cache", "/home")) and \\
+                 len([p for p in os.listdir("/tmp")]) > 8
+        """,
+        "loopback_network": f"""
+            import socket
+            with socket.create_connection(("127.0.0.1", {host['port']}), timeout=2) as s:
+                s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+                ok = {SECRET!r}.encode() in s.recv(4096)
+        """,
+        "see_other_processes": """
+            import os
+            pids = [p for p in os.listdir("/proc") if p.isdigit()]
+            ok = len(pids) > 10
+        """,
+        "environment_secret": f"""
+            import os
+            ok = os.environ.get("ATTN_TEST_SECRET") == {SECRET!r}
+        """,
+        "signal_the_grader": """
+            import os, signal
+            for pid in range(1, 400):
+                if pid != os.getpid():
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except OSError:
+                        pass
+            ok = False
+        """,
+    }
+
+
+def _tree_digest(*folders: Path) -> dict[str, str]:
+    digest = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not any(p in path.parts for p in (".venv", ".git", ".cache", "_build",
+                                                                   "__pycache__", ".pytest_cache")):
+                digest[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digest
+
+
+@pytest.fixture(scope="module")
+def graded(host, grade_catalog):
+    before = _tree_digest(ROOT)
+    results = grade_catalog({f"escape:{name}": attack(code) for name, code in attacks(host).items()})
+    return results, before
+
+
+@pytest.mark.parametrize("name", ["native_read_reference", "numpy_memmap_private_file", "native_write_reference",
+                                  "list_other_students", "loopback_network", "see_other_processes",
+                                  "environment_secret", "signal_the_grader"])
+def test_escape_gains_nothing(graded, name):
+    result = graded[0][f"escape:{name}"]
+    assert "error" not in result, result
+    assert result["score"] == 0.0, result
+
+
+def test_grading_changes_no_file_of_the_project(graded):
+    assert _tree_digest(ROOT) == graded[1]
+    assert b"# pwned!" not in (ROOT / "solutions" / "ch02_self_attention.py").read_bytes()
+
+
+def test_the_native_read_is_a_real_attack_without_the_sandbox(host, tmp_path):
+    """Unsandboxed (the instructor's explicit choice), the audit hook does not stop a native read."""
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(attack(attacks(host)["numpy_memmap_private_file"]), path)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json", "--unsandboxed"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["score"] == SDPA_TESTS
+    text = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--unsandboxed"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    assert "WITHOUT the OS sandbox" in text
+
+
+# ------------------------------------------------------------------ limits
+LIMITS = {
+    "memory": ("import numpy as np\nblocks = []\nwhile True:\n    blocks.append(np.ones(2**27))\n",
+               "more than 1 GiB of memory"),
+    "threads": ("import threading, time\nfor _ in range(10000):\n"
+                "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+                "processes and threads"),
+    "exchange_flood": ("import os\nd = os.environ['ATTN_GRADER_RESULTS']\n"
+                       "for i in range(10000):\n    open(os.path.join(d, f'junk{i}'), 'wb').write(b'x' * 2**20)\n",
+                       "exchange folder"),
+}
+
+
+@pytest.mark.parametrize("name", list(LIMITS))
+def test_a_limit_costs_only_the_tests_that_did_not_run_and_names_it(name, tmp_path):
+    code, words = LIMITS[name]
+    nb = submission(base="reference", chapter=CHAPTER, append=[])
+    # The hog runs in the SelfAttention answer: earlier exercises keep their points.
+    nb = submission({"SelfAttention": code + "\n" + reference_answers(CHAPTER)["SelfAttention"]}, chapter=CHAPTER)
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(nb, path)
+    env = {**os.environ, "ATTN_GRADER_LIMIT_MEMORY": str(2**30), "ATTN_GRADER_LIMIT_EXCHANGE": str(2**27)}
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["score"] == 6.0, data  # everything before SelfAttention's 4 points
+    lost = " ".join(data["exercises"]["SelfAttention"]["feedback"])
+    assert words in lost, lost
