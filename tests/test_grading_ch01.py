@@ -154,6 +154,12 @@ CORRECT = {
         """),
     }, prepend=["def my_softmax(s):\n    s = s - s.amax(-1, keepdim=True)\n    e = s.exp()\n"
                 "    return e / e.sum(-1, keepdim=True)\n"]),
+    # Constant-name getattr is ordinary Python (the static built-in check must not mind it).
+    "style_constant_getattr": sub({"masked_softmax": masked_softmax("""
+            if mask is not None:
+                scores = getattr(scores, "masked_fill")(~mask, float("-inf"))
+            return getattr(torch, "softmax")(scores, dim=-1)
+        """)}),
 }
 
 # ------------------------------------------------------------------ common mistakes

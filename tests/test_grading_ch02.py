@@ -80,6 +80,20 @@ CORRECT = {
             return w @ v, w
         """),
     }),
+    # Constant-name getattr is ordinary Python: the static built-in check must not reject it.
+    "style_constant_getattr": submission({
+        "scaled_dot_product_attention": sdpa("""
+            scores = query @ getattr(key, "transpose")(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            weights = getattr(torch, "softmax")(scores, dim=-1)
+            return weights @ value, weights
+        """),
+        "SelfAttention": self_attention("""
+            q, k, v = (getattr(self, "W_q")(x), getattr(self, "W_k")(x), getattr(self, "W_v")(x))
+            return scaled_dot_product_attention(q, k, v, mask)
+        """),
+    }),
     "style_additive_mask_and_helper_cell": submission({
         "scaled_dot_product_attention": sdpa("""
             scores = query @ key.mT / math.sqrt(query.shape[-1])
@@ -164,6 +178,9 @@ MISTAKES = {
     "padding_inverted": (submission({"padding_mask": "def padding_mask(lengths, max_len):\n"
                                      "    return torch.arange(max_len)[None] >= lengths[:, None]\n"}),
                          {"test_padding_mask": "polarity inverted"}),
+    "padding_max_from_lengths": (submission({"padding_mask": "def padding_mask(lengths, max_len):\n"
+                                             "    return torch.arange(int(lengths.max()))[None] < lengths[:, None]\n"}),
+                                 {"test_padding_mask": "width taken from lengths.max()"}),
     "sa_scale_d_model": (submission({"SelfAttention": self_attention("""
             q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
             scores = q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1])
@@ -197,6 +214,16 @@ MISTAKES = {
                 scores = scores.masked_fill(~mask, float('-inf'))
             return out, scores.softmax(-1)
         """)}), {t: "build it from scratch" for t in SDPA_TESTS}),
+    # The built-in called with torch's function recording switched off, its name assembled at run time.
+    "builtin_sdpa_disable_torch_function": (submission({"scaled_dot_product_attention": sdpa("""
+            parts = ["scaled", "dot", "product", "attention"]
+            with torch._C.DisableTorchFunction():
+                out = getattr(F, "_".join(parts))(query, key, value, attn_mask=mask)
+            scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            return out, scores.softmax(-1)
+        """)}), {t: "from scratch" for t in SDPA_TESTS}),
     "builtin_in_self_attention": (submission({"SelfAttention": self_attention("""
             q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -114,6 +114,17 @@ CORRECT = {
             return self.W_o(merge_heads(torch.einsum('bhqk,bhkd->bhqd', w, v))), w
         """),
     }, prepend=["def helper_unused(x):\n    return x * 2\n"]),
+    # Constant-name getattr is ordinary Python: the static built-in check must not reject it.
+    "style_constant_getattr": sub({"MultiHeadAttention": mha("""
+            q, k, v = (split_heads(getattr(self, "W_q")(query), self.num_heads),
+                       split_heads(getattr(self, "W_k")(key), self.num_heads),
+                       split_heads(getattr(self, "W_v")(value), self.num_heads))
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = getattr(torch, "softmax")(scores, dim=-1)
+            return getattr(self, "W_o")(merge_heads(weights @ v)), weights
+        """)}),
 }
 
 # A student helper: this course's mask as nn.MultiheadAttention wants it (True = masked, (B*h, N_q, N_k)).

@@ -151,6 +151,23 @@ CORRECT = {
             return torch.einsum('...npi,npij->...npj', pairs, R).reshape(x.shape)
         """),
     }, prepend=["print('my notes: PE(pos+k) = PE(pos) M_k')"]),
+    # Angles in float32 applied to a float64 x, as most public implementations write it: the
+    # spec keeps x's dtype but does not ask for float64 angles, so this is right (float32-level
+    # agreement is accepted, see autograder.hidden.tolerance).
+    "rope_float32_angles": sub({"apply_rope": rope("""
+            N, d = x.shape[-2:]
+            theta = base ** (-torch.arange(0, d, 2).float() / d)
+            ang = torch.arange(N).float()[:, None] * theta
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1).flatten(-2)
+        """)}),
+    # Constant-name getattr is ordinary Python (the static built-in check must not mind it).
+    "style_constant_getattr": sub({"alibi_bias": alibi("""
+            arange = getattr(torch, "arange")
+            slopes = 2.0 ** (-8.0 * arange(1, num_heads + 1) / num_heads)
+            pos = arange(n)
+            return -slopes[:, None, None] * getattr(pos[:, None] - pos[None, :], "abs")()
+        """)}),
 }
 
 # ------------------------------------------------------------------ common mistakes
@@ -216,13 +233,6 @@ MISTAKES = {
             a, b = x[..., 0::2], x[..., 1::2]
             return torch.stack([a * ang.cos() + b * ang.sin(), -a * ang.sin() + b * ang.cos()], -1).flatten(-2)
         """)}), {t: "wrong way" for t in ROPE_TESTS}),
-    "rope_float32_angles": (sub({"apply_rope": rope("""
-            N, d = x.shape[-2:]
-            theta = base ** (-torch.arange(0, d, 2).float() / d)
-            ang = torch.arange(N).float()[:, None] * theta
-            a, b = x[..., 0::2], x[..., 1::2]
-            return torch.stack([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1).flatten(-2)
-        """)}), {"test_apply_rope_relative": "float32 precision only"}),
     "alibi_slopes_reversed": (sub({"alibi_bias": alibi("""
             slopes = 2.0 ** (-8.0 * torch.arange(num_heads, 0, -1) / num_heads)
             i = torch.arange(n)
