@@ -31,9 +31,35 @@ def scratch_parent() -> Path:
     return Path(tempfile.gettempdir()) / "attn-grader"
 
 
+class KernelSlot:
+    """A grading kernel started ahead of the one submission it will run: it has seen nothing yet.
+
+    Its scratch folder holds the exchange folder the kernel shares and, beside it, what the
+    kernel never sees (the scratch nbgrader course, the taken results).
+    """
+
+    def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = ()):
+        if sandboxed:
+            sandbox.bubblewrap()
+        parent = scratch_parent()
+        parent.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="grade-", dir=parent))
+        self.kernel = GradingKernelManager(exchange=Exchange(self.work / "exchange"), scratch=self.work / "scratch",
+                                           sandboxed=sandboxed, limits=sandbox.Limits.from_environment(),
+                                           private=[str(p) for p in private])
+        run_sync(self.kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
+
+    def close(self):
+        try:
+            run_sync(self.kernel.shutdown_kernel)(now=True)
+        finally:
+            if not os.environ.get("ATTN_GRADER_KEEP"):  # debugging aid: keep the scratch course
+                shutil.rmtree(self.work, ignore_errors=True)
+
+
 def grade(path: Path, student: str = "student", feedback_dir: Path | None = None,
           chapter: str | None = None, keep_course: Path | None = None,
-          sandboxed: bool = True, private: tuple[Path, ...] = ()) -> Report:
+          sandboxed: bool = True, private: tuple[Path, ...] = (), slot: KernelSlot | None = None) -> Report:
     """Grade one notebook. Raises SubmissionError for a file that is not gradable, and
     SandboxUnavailable when ``sandboxed`` and no OS sandbox can run here.
 
@@ -41,25 +67,20 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
     feedback) there, e.g. to run ``nbgrader export`` on it.
     sandboxed=False: run the kernel without the OS sandbox (the report says so).
     private: more folders an unsandboxed kernel's audit hook keeps it from reading.
+    slot: a kernel started earlier (``KernelSlot``); it is used up either way.
     """
-    nb, info = load(path, chapter)
-    if sandboxed:
-        sandbox.bubblewrap()
-    parent = scratch_parent()
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="grade-", dir=parent))
     try:
-        kernel = GradingKernelManager(exchange=Exchange(work / "exchange"), scratch=work / "scratch",
-                                      sandboxed=sandboxed, limits=sandbox.Limits.from_environment(),
-                                      private=[str(p) for p in private])
-        run_sync(kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
-        try:
-            return _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course)
-        finally:
-            run_sync(kernel.shutdown_kernel)(now=True)
+        nb, info = load(path, chapter)
+        # The kernel boots in its own process while this one imports nbgrader and torch.
+        slot = slot or KernelSlot(sandboxed, private)
+    except BaseException:
+        if slot is not None:
+            slot.close()
+        raise
+    try:
+        return _grade_in(slot.work, slot.kernel, nb, info, student, feedback_dir, keep_course)
     finally:
-        if not os.environ.get("ATTN_GRADER_KEEP"):  # debugging aid: keep the scratch course
-            shutil.rmtree(work, ignore_errors=True)
+        slot.close()
 
 
 def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course) -> Report:

@@ -15,39 +15,51 @@ from .collect import Task
 
 
 def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandboxed: bool):
-    """Grade tasks until told to stop; runs in its own session so its kernels can be killed."""
+    """Grade tasks until told to stop; runs in its own session so its kernels can be killed.
+
+    The next submission's kernel boots while the current one is graded (it sees nothing
+    until its own submission runs in it).
+    """
     os.setsid()
     import warnings
     warnings.filterwarnings("ignore")
-    from .grading import grade
+    from .grading import KernelSlot, grade
     from .submission import SubmissionError
     parent = os.getppid()
-    while True:
-        try:
-            item = tasks.get(timeout=1)
-        except queue.Empty:
-            if os.getppid() != parent:  # the class run was killed: do not linger
+    private_paths = tuple(Path(p) for p in private)
+    upcoming = None
+    try:
+        while True:
+            try:
+                item = tasks.get(timeout=1)
+            except queue.Empty:
+                if os.getppid() != parent:  # the class run was killed: do not linger
+                    return
+                continue
+            if item is None:
                 return
-            continue
-        if item is None:
-            return
-        student, chapter, path = item
-        scratch = Path(feedback_root) / ".incoming" / f"{student}--{chapter}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        try:
-            report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
-                           feedback_dir=scratch, private=tuple(Path(p) for p in private),
-                           sandboxed=sandboxed)
-            data = report.as_json()
-            data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
-            data["repairs"] = report.repairs
-            data["feedback_html"] = str(report.feedback_html) if report.feedback_html else None
-            results.put((student, chapter, "ok", data))
-        except SubmissionError as err:
-            results.put((student, chapter, "ungradable", str(err)))
-        except Exception as err:  # noqa: BLE001 - one line per submission, the class goes on
-            first = str(err).splitlines()[0] if str(err) else ""
-            results.put((student, chapter, "failed", f"grading failed: {type(err).__name__}: {first}"[:300]))
+            student, chapter, path = item
+            scratch = Path(feedback_root) / ".incoming" / f"{student}--{chapter}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                current = upcoming or KernelSlot(sandboxed, private_paths)
+                upcoming = None
+                upcoming = KernelSlot(sandboxed, private_paths)
+                report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
+                               feedback_dir=scratch, private=private_paths, sandboxed=sandboxed, slot=current)
+                data = report.as_json()
+                data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
+                data["repairs"] = report.repairs
+                data["feedback_html"] = str(report.feedback_html) if report.feedback_html else None
+                results.put((student, chapter, "ok", data))
+            except SubmissionError as err:
+                results.put((student, chapter, "ungradable", str(err)))
+            except Exception as err:  # noqa: BLE001 - one line per submission, the class goes on
+                first = str(err).splitlines()[0] if str(err) else ""
+                results.put((student, chapter, "failed", f"grading failed: {type(err).__name__}: {first}"[:300]))
+    finally:
+        if upcoming is not None:
+            upcoming.close()
 
 
 class WorkerPool:

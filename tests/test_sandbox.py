@@ -187,3 +187,47 @@ def test_a_limit_costs_only_the_tests_that_did_not_run_and_names_it(name, tmp_pa
     assert data["score"] == 6.0, data  # everything before SelfAttention's 4 points
     lost = " ".join(data["exercises"]["SelfAttention"]["feedback"])
     assert words in lost, lost
+
+
+# ------------------------------------------------------------------ class mode
+def test_class_run_attackers_gain_nothing_and_change_nobody_else(tmp_path):
+    """In a class run, attackers aim at other students' work and the class gradebook."""
+    from autograder.grading import grade
+    course = (tmp_path / "my-class").resolve()
+    victim = course / "submitted" / "ada" / CHAPTER / f"{CHAPTER}.ipynb"
+    notebooks = {
+        "ada": submission(chapter=CHAPTER),
+        "ben": submission({"causal_mask": "def causal_mask(n):\n    return torch.ones(n, n).bool().triu()\n"},
+                          chapter=CHAPTER),
+        "mallory": attack(f"""
+            import torch
+            data = torch.from_file({str(victim)!r}, size=256, dtype=torch.uint8)
+            ok = b"cells" in bytes(data.tolist())
+        """),
+        "trudy": attack(f"""
+            import torch
+            for target in ({str(victim)!r}, {str(course / 'gradebook.db')!r}):
+                t = torch.from_file(target, shared=True, size=16, dtype=torch.uint8)
+                t[:] = 0
+            ok = True
+        """),
+    }
+    for student, nb in notebooks.items():
+        path = course / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, path)
+    submitted_before = _tree_digest(course / "submitted")
+    alone = {}
+    for student in ("ada", "ben"):
+        copy = tmp_path / "alone" / student / f"{CHAPTER}.ipynb"
+        copy.parent.mkdir(parents=True)
+        copy.write_bytes((course / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb").read_bytes())
+        alone[student] = grade(copy).as_json()["score"]
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-class", "--course", "my-class",
+                           "--workers", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = [json.loads(line) for line in (course / ".grading" / "ledger.jsonl").read_text().splitlines()]
+    scores = {e["student"]: e["score"] for e in ledger}
+    assert scores == {"ada": alone["ada"], "ben": alone["ben"], "mallory": 0.0, "trudy": 0.0}, scores
+    assert _tree_digest(course / "submitted") == submitted_before
