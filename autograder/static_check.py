@@ -14,7 +14,8 @@ Two kinds of finding, each a one-line reason that names what was found:
 
 An answer cell of a from-scratch exercise has no reason for any of these: correct code
 uses tensor operations, ``nn``/``F`` layers and functions by their names, ``math``, and
-``getattr(self, "W_q")`` with a constant name. Only answer cells of the chapter's
+``getattr(self, "W_q")`` with a constant name, and ``getattr(self, f"W_{c}")``: a module's
+own attributes hold nothing a built-in name could reach without another lookup. Only answer cells of the chapter's
 ``from_scratch`` exercises are read; code in other cells (a helper in a plain learner
 cell) is out of static reach, and the kernel's function recording covers what it calls.
 """
@@ -182,7 +183,8 @@ class _Finder(ast.NodeVisitor):
         name = func.id if isinstance(func, ast.Name) else None
         if name in DYNAMIC_CALLS:
             self.hit(f"calls {DYNAMIC_CALLS[name]}, which runs or looks up code by a name computed at run time")
-        if name == "getattr" and len(node.args) >= 2 and _folded(node.args[1]) is None:
+        own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self" if node.args else False
+        if name == "getattr" and len(node.args) >= 2 and _folded(node.args[1]) is None and not own:
             self.hit(f"calls getattr() with a computed attribute name ({ast.unparse(node.args[1])[:40]})")
         if isinstance(func, ast.Name):
             self.called.add(id(func))

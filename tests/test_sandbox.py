@@ -101,6 +101,19 @@ def attacks(host) -> dict[str, str]:
             import os
             ok = os.environ.get("ATTN_TEST_SECRET") == {SECRET!r}
         """,
+        "fill_the_disk": """
+            import numpy as np
+            block = np.ones(2**24)
+            for i in range(200):  # 26 GiB if nothing stopped it
+                block.tofile(f"/tmp/fill{i}")
+            ok = False
+        """,
+        "write_the_python_environment": """
+            import numpy, torch
+            target = torch.from_file(numpy.__file__, shared=True, size=8, dtype=torch.uint8)
+            target[:] = 0
+            ok = True
+        """,
         "signal_the_grader": """
             import os, signal
             for pid in range(1, 400):
@@ -133,7 +146,8 @@ def graded(host, grade_catalog):
 
 @pytest.mark.parametrize("name", ["native_read_reference", "numpy_memmap_private_file", "native_write_reference",
                                   "list_other_students", "loopback_network", "see_other_processes",
-                                  "environment_secret", "signal_the_grader"])
+                                  "environment_secret", "fill_the_disk", "write_the_python_environment",
+                                  "signal_the_grader"])
 def test_escape_gains_nothing(graded, name):
     result = graded[0][f"escape:{name}"]
     assert "error" not in result, result
