@@ -1,18 +1,110 @@
-"""nbgrader feedback in which test cells show the judge's verdict, never the hidden test source."""
+"""nbgrader feedback in which test cells show the judge's verdict, never the hidden test source.
+
+The page is nbgrader's ``generate_feedback`` with a template of ours
+(``feedback_template/course_feedback``) so that it reads like the book: math typeset by
+the MathJax the book ships (copied once into the feedback folder, ``install_mathjax``;
+no network), MyST admonitions as boxes (``myst.MystDirectives``), and the summary naming
+each test by its grade id.
+"""
 from __future__ import annotations
 
 import html as html_lib
+import importlib.metadata
+import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
+from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import ClearHiddenTests
 
 from coursekit import conventions as C
+from coursekit import nbgrader_course
+
+from . import myst
+
+TEMPLATES = Path(__file__).resolve().parent / "feedback_template"
+MATHJAX_FOLDER = "_static/mathjax"  # in the feedback folder; no student id starts with "_"
+# Where a page finds it: class pages are feedback/<student>/<chapter>/<chapter>.html,
+# `grade --feedback-dir DIR` writes DIR/<student>-<chapter>.html.
+MATHJAX_URLS = (f"../../{MATHJAX_FOLDER}/tex-chtml.js", f"{MATHJAX_FOLDER}/tex-chtml.js")
+# The parts of MathJax 3 that typeset TeX as HTML (the speech engine, 4 MB, is left out).
+MATHJAX_PARTS = ("tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/woff-v2", "ui", "a11y")
+
+
+class PageResources(Preprocessor):
+    """What our template needs beside the notebook: MathJax locations and the admonition styles."""
+
+    enabled = True  # nbconvert preprocessors are off unless enabled
+
+    def preprocess(self, nb, resources):
+        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS}
+        return nb, resources
+
+
+def generate_feedback(course: Path, chapter: str, student: str) -> dict:
+    """nbgrader's generate_feedback for one submission, with our template and preprocessors.
+
+    (``NbGraderAPI.generate_feedback`` forces nbgrader's own template, so the converter is
+    run here the way that method runs it.)
+    """
+    import nbgrader
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.converters import GenerateFeedback
+    from nbgrader.preprocessors import GetGrades
+    from nbgrader.utils import capture_log, temp_attrs
+    cfg = nbgrader_course.config(course)
+    cfg.HTMLExporter.template_name = "course_feedback"  # conf.json: based on nbgrader's "feedback"
+    cfg.HTMLExporter.template_file = "course_feedback.html.j2"
+    cfg.HTMLExporter.extra_template_basedirs = [
+        str(TEMPLATES), str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
+    cfg.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, myst.MystDirectives,
+                                          PageResources]
+    api = nbgrader_course.api(course, cfg)
+    with temp_attrs(api.coursedir, assignment_id=chapter, student_id=student):
+        app = GenerateFeedback(coursedir=api.coursedir, parent=api)
+        app.force = True
+        return capture_log(app)
+
+
+def mathjax_source() -> Path | None:
+    """The MathJax 3 that the book serves offline (the sphinx-mathjax-offline package)."""
+    try:
+        folder = Path(importlib.metadata.distribution("sphinx-mathjax-offline")
+                      .locate_file("sphinx-mathjax-offline/static/mathjax"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return folder if (folder / "tex-chtml.js").is_file() else None
+
+
+def install_mathjax(feedback_folder: Path) -> bool:
+    """Copy MathJax into FEEDBACK_FOLDER/_static/mathjax once; False if it is not installed."""
+    source, target = mathjax_source(), Path(feedback_folder) / MATHJAX_FOLDER
+    if target.is_dir():
+        return True
+    if source is None:
+        return False
+    partial = target.with_name(f".{target.name}-{os.getpid()}")  # complete, or not there at all
+    shutil.rmtree(partial, ignore_errors=True)
+    for part in MATHJAX_PARTS:
+        if (source / part).is_dir():
+            shutil.copytree(source / part, partial / part)
+        elif (source / part).is_file():
+            partial.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / part, partial / part)
+    try:
+        partial.rename(target)
+    except OSError:  # another process was quicker
+        shutil.rmtree(partial, ignore_errors=True)
+    return target.is_dir()
 
 
 def render(api, course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> Path | None:
-    """Write the verdicts into the autograded notebook and run generate_feedback; None if unsafe."""
+    """Write the verdicts into the autograded notebook and run generate_feedback; None if unsafe.
+
+    ``api`` (the grading run's) is not used for the page: ``generate_feedback`` configures its own.
+    """
     by_id = {o.test_id: o for o in outcomes}
     nb = nbformat.read(autograded, as_version=4)
     ClearHiddenTests(enforce_metadata=False).preprocess(nb, {})
@@ -28,7 +120,7 @@ def render(api, course: Path, chapter, student: str, autograded: Path, outcomes,
             "stream", name="stdout" if not outcome.problems else "stderr",
             text=f"{outcome.score:g} / {outcome.points:g} points: {verdict}\n")]
     nbformat.write(nb, autograded)
-    result = api.generate_feedback(chapter.name, student, force=True)
+    result = generate_feedback(course, chapter.name, student)
     page = course / "feedback" / student / chapter.name / f"{chapter.name}.html"
     if not result["success"] or not page.exists():
         return None
