@@ -96,7 +96,7 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course) -> Rep
     from .submission import repaired
     from .template import course_template
 
-    session = GradingSession(info, kernel.exchange, work / "private")
+    session = GradingSession(info, kernel.exchange, work / "private", kernel)
     static = static_builtin_use(nb, session.hidden.from_scratch)
     template = course_template(info)
     course = work / "course"

@@ -16,9 +16,12 @@ computed here, in a process that never ran submitted code.
 """
 from __future__ import annotations
 
+import ast
+import copy
 import dataclasses
 import hashlib
 import inspect
+import textwrap
 from typing import Any, Callable
 
 import torch
@@ -62,6 +65,31 @@ class Probe:
     cotangents: tuple = ()
 
 
+@dataclasses.dataclass
+class ModelArg:
+    """A module argument: the reference class ``name`` with given parameters, built again in the kernel."""
+    name: str
+    init: dict
+    state: dict  # parameter name -> tensor
+    dtype: str | None
+    module: torch.nn.Module  # the reference-built module (copied for every use in the judge)
+
+    def fresh(self) -> torch.nn.Module:
+        return copy.deepcopy(self.module)
+
+
+class ModuleState:
+    """A module as the judge sees it: its class name and its state dict (parameters and buffers)."""
+
+    def __init__(self, type_name: str, state: dict):
+        self.type_name, self.state = type_name, state
+        self.description = f"a {type_name} module"
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> "ModuleState":
+        return cls(type(module).__name__, {k: v.detach().clone() for k, v in module.state_dict().items()})
+
+
 class Builder:
     """Seeded input factory handed to each hidden-test builder."""
 
@@ -103,14 +131,7 @@ class Builder:
         Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
         dtype: run the module in this dtype (``torch.float64``), parameters included.
         """
-        cls = getattr(self.tests.reference, name)
-        torch.manual_seed(int(self.gen.initial_seed()) % 2**31 + len(self.probes))
-        module = cls(**init)
-        if dtype is not None:
-            module = module.to(dtype)
-        with torch.no_grad():  # non-default values so that a wrong parameter shows
-            for p in module.parameters():
-                p.copy_(self.randn(*p.shape, dtype=p.dtype) * 0.5)
+        module = self._reference_module(name, init, dtype)
         probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
                       state={n: p.detach().clone() for n, p in module.named_parameters()},
                       grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
@@ -120,6 +141,28 @@ class Builder:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)
         return probe
+
+    def model(self, name, init, dtype=None) -> ModelArg:
+        """A model argument: reference class ``name(**init)`` with random non-default parameters, in eval mode.
+
+        The exercise that receives it is graded on its own: in the kernel too, the model is
+        built from the reference. Its class (and the classes it uses) must be exercises whose
+        tests come earlier in the notebook, or given code.
+        """
+        module = self._reference_module(name, init, dtype).eval()
+        return ModelArg(name, dict(init), {n: p.detach().clone() for n, p in module.named_parameters()},
+                        None if dtype is None else str(dtype).replace("torch.", ""), module)
+
+    def _reference_module(self, name, init, dtype):
+        cls = getattr(self.tests.reference, name)
+        torch.manual_seed(int(self.gen.initial_seed()) % 2**31 + len(self.probes))
+        module = cls(**init)
+        if dtype is not None:
+            module = module.to(dtype)
+        with torch.no_grad():  # non-default values so that a wrong parameter shows
+            for p in module.parameters():
+                p.copy_(self.randn(*p.shape, dtype=p.dtype) * 0.5)
+        return module
 
     def _finish(self, probe, grad):
         if grad:
@@ -138,10 +181,18 @@ def _as_tuple(value):
 
 
 def _clone(value):
-    return value.clone() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, ModelArg):
+        return value.fresh()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
 
 
-def _call_reference(probe, with_grad=False):
+def _call_reference(probe, with_grad=False, keep_args=False):
     args = [_clone(a) for a in probe.args]
     for i in probe.grad_args:
         args[i].requires_grad_(with_grad)
@@ -151,7 +202,18 @@ def _call_reference(probe, with_grad=False):
         target.zero_grad(set_to_none=True)
         target = getattr(target, probe.method)
     out = target(*args, **kwargs)
-    return out if not with_grad else (out, args)
+    return (out, args) if with_grad or keep_args else out
+
+
+def _as_judged(value):
+    """What the judge compares: modules by their state, everything else as it is."""
+    if isinstance(value, torch.nn.Module):
+        return ModuleState.of(value)
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple):
+        return tuple(_as_judged(v) for v in value)
+    return value
 
 
 class HiddenTests:
@@ -159,12 +221,39 @@ class HiddenTests:
         self.reference = reference
         self.from_scratch = set(from_scratch)
         self.builders: dict[str, Callable[[Builder], None]] = {}
+        self.memory_rules: dict[str, tuple[int, str]] = {}
 
-    def test(self, test_id):
+    def test(self, test_id, max_memory: tuple[int, str] | None = None):
+        """Register a test's builder.
+
+        max_memory: (bytes, message). The grader reads, from outside the sandbox, how far
+        the kernel's peak resident memory rose during this test cell above its memory just
+        before; above the limit the test fails with the message (and the figure).
+        """
         def register(fn):
             self.builders[test_id] = fn
+            if max_memory is not None:
+                self.memory_rules[test_id] = (int(max_memory[0]), str(max_memory[1]))
             return fn
         return register
+
+    def model_source(self, name) -> str:
+        """Source that defines the reference class ``name`` and every reference class or function it uses."""
+        ref, order, todo = self.reference, [], [name]
+        while todo:
+            current = todo.pop()
+            if current in order:
+                continue
+            order.append(current)
+            tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(ref, current))))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Name) and node.id not in order and inspect.getmodule(
+                        getattr(ref, node.id, None)) is ref and (inspect.isclass(getattr(ref, node.id))
+                                                                  or inspect.isfunction(getattr(ref, node.id)))):
+                    todo.append(node.id)
+        defined = [n for n, _ in inspect.getmembers(ref) if n in order]
+        by_line = sorted(defined, key=lambda n: inspect.getsourcelines(getattr(ref, n))[1])
+        return "\n\n".join([ref.EXPORTS_SOURCE, *(inspect.getsource(getattr(ref, n)) for n in by_line)])
 
     def build(self, test_id) -> list[Probe]:
         builder = Builder(self, test_id)
@@ -231,6 +320,13 @@ def _names(probe, index):
 
 
 def _structure_problem(student, expected, has_float_input=True) -> str | None:
+    if isinstance(expected, ModuleState):
+        if not isinstance(student, ModuleState):
+            return f"returned {describe(student)}; expected the model ({expected.type_name})"
+        missing = sorted(set(expected.state) - set(student.state))
+        if missing:
+            return f"returned a model without {', '.join(missing[:3])}"
+        return None
     if isinstance(expected, tuple):
         if not isinstance(student, tuple) and not isinstance(student, list):
             return f"returned {describe(student)}; expected a tuple of {len(expected)} " \
@@ -256,6 +352,9 @@ def _structure_problem(student, expected, has_float_input=True) -> str | None:
 
 
 def values_match(student, expected, strict=False) -> bool:
+    if isinstance(expected, ModuleState):
+        return isinstance(student, ModuleState) and set(student.state) >= set(expected.state) and all(
+            close(student.state[k], v, strict) for k, v in expected.state.items())
     if isinstance(expected, tuple):
         return isinstance(student, (tuple, list)) and len(student) == len(expected) and all(
             values_match(s, e, strict) for s, e in zip(student, expected))
@@ -263,6 +362,9 @@ def values_match(student, expected, strict=False) -> bool:
 
 
 def _which_output_differs(student, expected, strict=False) -> str:
+    if isinstance(expected, ModuleState):
+        key = next(k for k, v in expected.state.items() if not close(student.state[k], v, strict))
+        return f"the model's `{key}` differs"
     if isinstance(expected, tuple) and len(expected) == 2:
         parts = [name for name, s, e in zip(("output", "weights"), student, expected)
                  if not values_match(s, e, strict)]
@@ -293,7 +395,8 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
             return [f"`{probe.target}` modifies an input in place{where}; return new tensors "
                     f"instead ({error})"]
         return [f"`{probe.target}` raised {error}{where}"]
-    expected = _call_reference(probe)
+    expected, reference_args = _call_reference(probe, with_grad=False, keep_args=True)
+    expected = _as_judged(expected)
     student = got["value"]
     has_float_input = any(isinstance(a, torch.Tensor) and a.is_floating_point()
                           for a in (*probe.args, *probe.kwargs.values()))
@@ -326,8 +429,28 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         names = ", ".join(f"`{_names(probe, i)}`" for i in changed)
         problems.append(f"`{probe.target}` modified its input {names} in place; "
                         "return new tensors instead")
+    problems += _model_arguments_after(probe, got, reference_args)
     if probe.cotangents:
         problems += _judge_grads(probe, got)
+    return problems
+
+
+def _model_arguments_after(probe, got, reference_args) -> list[str]:
+    """A model argument must end as the reference leaves it: changed in place, or untouched."""
+    problems = []
+    after = got.get("inputs_after", [])
+    for i, sent in enumerate(probe.args):
+        if not isinstance(sent, ModelArg):
+            continue
+        want = ModuleState.of(reference_args[i])
+        have = after[i] if i < len(after) else None
+        if isinstance(have, ModuleState) and values_match(have, want, probe.strict):
+            continue
+        name = _names(probe, i)
+        changes = not values_match(want, ModuleState.of(sent.module))
+        problems.append(f"`{probe.target}` did not update `{name}` in place: copy the weights into the "
+                        f"model it was given" if changes else
+                        f"`{probe.target}` changed the parameters of `{name}`; leave the model as it is")
     return problems
 
 
@@ -340,6 +463,7 @@ def _matching_mistake(probe, student, expected) -> str | None:
                                     **{k: _clone(v) for k, v in probe.kwargs.items()})
         except Exception:  # noqa: BLE001 - a mistake model that does not apply
             continue
+        wrong = _as_judged(wrong)
         if values_match(student, _as_tuple(wrong) if isinstance(expected, tuple) else wrong):
             return mistake.message
     return None
@@ -381,4 +505,4 @@ def rows_sum_to_one(probe, value):
     return None
 
 
-__all__ = ["HiddenTests", "Mistake", "Probe", "judge_probe", "rows_sum_to_one", "close", "tolerance"]
+__all__ = ["HiddenTests", "Mistake", "ModelArg", "ModuleState", "Probe", "judge_probe", "rows_sum_to_one", "close", "tolerance"]

@@ -114,6 +114,39 @@ class GradingKernelManager(AsyncKernelManager):
                                          kill=self._kill_now)
         return None
 
+    # ---------------------------------------------------------- memory, read from outside
+    def _processes(self):
+        import psutil
+        try:
+            root = psutil.Process(self.provisioner.pid)
+            return [root, *root.children(recursive=True)]
+        except (psutil.Error, AttributeError, TypeError):
+            return []
+
+    def reset_peak_memory(self) -> None:
+        """Reset the kernel's peak-RSS counters (VmHWM) and note its memory now."""
+        self._memory_before = 0
+        for proc in self._processes():
+            try:
+                with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
+                    f.write("5")
+                self._memory_before += proc.memory_info().rss
+            except (OSError, Exception):  # noqa: BLE001 - a process that just ended
+                pass
+
+    def peak_memory_rise(self) -> int | None:
+        """How far the sandbox's peak resident memory rose above its memory at the reset."""
+        peak = 0
+        for proc in self._processes():
+            try:
+                status = open(f"/proc/{proc.pid}/status").read()
+            except OSError:
+                continue
+            peak += next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                          if line.startswith("VmHWM:")), 0)
+        before = getattr(self, "_memory_before", None)
+        return None if before is None or not peak else max(peak - before, 0)
+
     def _kill_now(self):
         try:
             os.killpg(self.provisioner.pgid or self.provisioner.pid, 9)

@@ -37,11 +37,29 @@ def _tensor(arrays, ref):
     return torch.from_numpy(np.array(arrays[ref]))
 
 
+def _model(desc, arrays):
+    """A model argument: the reference class, built here with the parameters the grader sent."""
+    env = {"__name__": "attn_reference_model"}
+    exec(compile(desc["source"], "<reference model>", "exec"), env)
+    torch.manual_seed(0)
+    model = env[desc["name"]](**desc["init"])
+    if desc.get("dtype"):
+        model = model.to(getattr(torch, desc["dtype"]))
+    with torch.no_grad():
+        for name, ref in desc["state"].items():
+            model.get_parameter(name).copy_(_tensor(arrays, ref))
+    return model.eval()
+
+
 def _decode(value, arrays):
     if isinstance(value, dict) and "t" in value:
         return _tensor(arrays, value["t"])
     if isinstance(value, dict) and "v" in value:
         return value["v"]
+    if isinstance(value, dict) and "d" in value:
+        return {k: _decode(v, arrays) for k, v in value["d"].items()}
+    if isinstance(value, dict) and "m" in value:
+        return _model(value["m"], arrays)
     if isinstance(value, list):
         return [_decode(v, arrays) for v in value]
     return value
@@ -63,6 +81,9 @@ class _Writer:
                     "requires_grad": bool(value.requires_grad)}
         if isinstance(value, torch.Tensor):
             return {"kind": "tensor-subclass", "type": type(value).__name__}
+        if isinstance(value, torch.nn.Module):
+            return {"kind": "module", "type": type(value).__name__,
+                    "state": {k: self.put(v) for k, v in value.state_dict().items()}}
         if isinstance(value, (tuple, list)):
             return {"kind": type(value).__name__, "items": [self.put(v) for v in value]}
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -127,7 +148,8 @@ def _call_one(probe, arrays, ns, writer):
         result["seconds"] = time.perf_counter() - started
         result["output"] = writer.put(out)
         # The inputs as they are after the call: the grader compares them with what it sent.
-        result["inputs_after"] = [writer.put(a) if isinstance(a, torch.Tensor) else None for a in args]
+        result["inputs_after"] = [writer.put(a) if isinstance(a, (torch.Tensor, torch.nn.Module)) else None
+                                  for a in args]
         cotangents = [_tensor(arrays, c) for c in probe.get("cotangents", [])]
         if cotangents:
             outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -12,6 +12,8 @@ Limits (defaults below; environment variables of the same name change them):
 
 * rlimits set before the sandbox starts, which no process inside can raise:
   CPU seconds, size of one written file, open files;
+* ``/proc`` is read-only inside, so the kernel cannot reset the peak-memory counters the
+  grader reads from outside (a test's memory rule, ``HiddenTests.test(max_memory=...)``);
 * a watchdog in the grader's process: memory of all the sandbox's processes together,
   their number of threads, the exchange folder's size, and the wall clock. Crossing one
   kills the whole sandbox and names the limit.
@@ -111,7 +113,7 @@ def command(kernel_argv: list[str], exchange: Path, files: dict[str, Path], env:
             f"--nofile={limits.open_files}", "--core=0",
             bubblewrap(), "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--disable-userns", "--hostname", "grader", "--clearenv",
-            "--proc", "/proc", "--dev", "/dev",
+            "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
             "--size", str(limits.scratch), "--tmpfs", "/tmp"]
     for kind, source, target in _system_paths():
         argv += [kind, source, target]

@@ -15,13 +15,14 @@ from .kernel import Exchange
 
 
 class GradingSession:
-    def __init__(self, chapter: ChapterInfo, exchange: Exchange, private: Path):
-        self.chapter, self.exchange, self.private = chapter, exchange, private
+    def __init__(self, chapter: ChapterInfo, exchange: Exchange, private: Path, kernel=None):
+        self.chapter, self.exchange, self.private, self.kernel = chapter, exchange, private, kernel
         private.mkdir(parents=True, exist_ok=True)
         self.hidden = chapter.hidden()
         self.test_order = list(chapter.tests)
         self.probes = {t: self.hidden.build(t) for t in self.test_order}
         self.completed: set[str] = set()
+        self.memory_rise: dict[str, int | None] = {}  # test id -> bytes, for tests with a memory rule
 
     def watches(self, grade_id) -> bool:
         return grade_id in self.probes and grade_id not in self.completed
@@ -29,11 +30,15 @@ class GradingSession:
     def before_test(self, test_id):
         self.exchange.clear()
         arrays: dict = {}
-        calls = [transfer.encode_call(i, probe, self._deps(probe), arrays)
+        calls = [transfer.encode_call(i, probe, self._deps(probe), arrays, self.hidden.model_source)
                  for i, probe in enumerate(self.probes[test_id])]
         transfer.write_inputs(self.exchange.cases, test_id, calls, arrays)
+        if test_id in self.hidden.memory_rules and self.kernel is not None:
+            self.kernel.reset_peak_memory()
 
     def after_test(self, test_id):
+        if test_id in self.hidden.memory_rules and self.kernel is not None:
+            self.memory_rise[test_id] = self.kernel.peak_memory_rise()
         transfer.take_results(self.exchange.results, self.private, test_id)
         self.exchange.clear()
         self.completed.add(test_id)

@@ -20,8 +20,13 @@ def write_inputs(folder: Path, test_id: str, calls: list[dict], arrays: dict) ->
     (folder / f"{test_id}.json").write_text(json.dumps({"test": test_id, "probes": calls}))
 
 
-def encode_call(index: int, probe, deps: dict, arrays: dict) -> dict:
-    """One probe as the kernel reads it (``attn_probe``); its tensors go into ``arrays``."""
+def encode_call(index: int, probe, deps: dict, arrays: dict, model_source=None) -> dict:
+    """One probe as the kernel reads it (``attn_probe``); its tensors go into ``arrays``.
+
+    model_source: name -> source of a reference class, for model arguments (``hidden.ModelArg``).
+    """
+    from .hidden import ModelArg
+
     def enc(value):
         if isinstance(value, torch.Tensor):
             key = f"p{index}_{len(arrays)}"
@@ -29,6 +34,12 @@ def encode_call(index: int, probe, deps: dict, arrays: dict) -> dict:
             return {"t": key}
         if isinstance(value, (list, tuple)):
             return [enc(v) for v in value]
+        if isinstance(value, dict):
+            return {"d": {str(k): enc(v) for k, v in value.items()}}
+        if isinstance(value, ModelArg):
+            return {"m": {"name": value.name, "init": value.init, "dtype": value.dtype,
+                          "source": model_source(value.name),
+                          "state": {k: enc(v)["t"] for k, v in value.state.items()}}}
         return {"v": value}
     return {
         "target": probe.target,
@@ -84,6 +95,12 @@ def _decode_value(desc, arrays):
         return tensor
     if kind in ("tuple", "list"):
         return tuple(_decode_value(d, arrays) for d in desc["items"])
+    if kind == "module":
+        from .hidden import ModuleState
+        state = {k: _decode_value(v, arrays) for k, v in desc.get("state", {}).items()}
+        if not all(isinstance(v, torch.Tensor) for v in state.values()):
+            return Foreign(f"a {desc.get('type', 'module')} module whose state could not be read back")
+        return ModuleState(str(desc.get("type", "module")), state)
     if kind == "tensor-subclass":
         return Foreign(f"a tensor subclass ({desc.get('type')}); return a plain torch.Tensor")
     if kind == "tensor-too-large":

@@ -44,4 +44,19 @@ def _judge_test(session, test_id, stopped) -> list[str]:
     if len(got) < len(probes):
         return ["this test did not finish (the kernel stopped part way)"
                 + (f": {stopped}" if stopped else "")]
+    return _memory_problem(session, test_id)
+
+
+def _memory_problem(session, test_id) -> list[str]:
+    """A test with a memory rule: the kernel's peak memory, read from outside, must stay under it."""
+    rule = session.hidden.memory_rules.get(test_id)
+    if rule is None:
+        return []
+    limit, message = rule
+    rise = session.memory_rise.get(test_id)
+    if rise is None:
+        return [f"{message} (the grader could not measure this test's memory)"]
+    if rise > limit:
+        return [f"{message} (memory rose by {rise / 2**20:.0f} MiB during this test; "
+                f"the limit is {limit / 2**20:.0f} MiB)"]
     return []

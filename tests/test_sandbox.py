@@ -245,3 +245,35 @@ def test_class_run_attackers_gain_nothing_and_change_nobody_else(tmp_path):
     scores = {e["student"]: e["score"] for e in ledger}
     assert scores == {"ada": alone["ada"], "ben": alone["ben"], "mallory": 0.0, "trudy": 0.0}, scores
     assert _tree_digest(course / "submitted") == submitted_before
+
+
+# ------------------------------------------------------------------ memory rules, read from outside
+def test_peak_memory_is_read_from_outside_and_cannot_be_reset_inside():
+    """What a test's memory rule (HiddenTests.test(max_memory=...)) relies on."""
+    from jupyter_core.utils import run_sync
+
+    from autograder.grading import KernelSlot
+
+    slot = KernelSlot()
+    try:
+        client = slot.kernel.client()
+        client.start_channels()
+        run_sync(client.wait_for_ready)(timeout=60)
+
+        def run(code):
+            reply = run_sync(client.execute_interactive)(code, timeout=60, output_hook=lambda msg: None)
+            return reply["content"]["status"]
+
+        slot.kernel.reset_peak_memory()
+        assert run("import numpy as np\nbig = np.ones(2**25)\ndel big") == "ok"  # 256 MiB, then freed
+        assert slot.kernel.peak_memory_rise() > 200 * 2**20
+        slot.kernel.reset_peak_memory()
+        assert run("small = list(range(1000))") == "ok"
+        assert slot.kernel.peak_memory_rise() < 50 * 2**20
+        slot.kernel.reset_peak_memory()
+        run("import numpy as np\nbig = np.ones(2**25)\ndel big\n"
+            "open('/proc/self/clear_refs', 'w').write('5')")  # read-only inside: the peak stays
+        assert slot.kernel.peak_memory_rise() > 200 * 2**20
+        client.stop_channels()
+    finally:
+        slot.close()

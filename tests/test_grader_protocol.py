@@ -1,0 +1,119 @@
+"""The hidden-test protocol end to end, in process: build probes, encode, run the kernel side, decode, judge.
+
+A toy reference with a model argument, a dict argument and a module return value, so
+that the features later chapters rely on (``t.model``, state dicts, weight loaders) are
+tested apart from any chapter.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+
+import pytest
+
+from autograder import hidden as H
+from autograder import probe, transfer
+
+TOY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Scale(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(d))
+            self.register_buffer("offset", torch.arange(d, dtype=torch.float32))
+
+        def forward(self, x):
+            return x * self.w + self.offset
+
+
+    def apply_model(model, x):
+        return model(x)
+
+
+    def load(model, state):
+        with torch.no_grad():
+            model.w.copy_(state["w"])
+        return model
+
+
+    EXPORTS_SOURCE = "import torch\\nfrom torch import nn"
+''')
+
+STUDENTS = {
+    "correct": TOY,
+    "new_model_instead_of_in_place": TOY.replace(
+        "    with torch.no_grad():\n        model.w.copy_(state[\"w\"])\n    return model",
+        "    import copy\n    fresh = copy.deepcopy(model)\n    with torch.no_grad():\n"
+        "        fresh.w.copy_(state[\"w\"])\n    return fresh"),
+    "changes_the_model": TOY.replace("    return model(x)", "    with torch.no_grad():\n        model.w.mul_(2)\n"
+                                                           "    return model(x) / 2 + model.offset / 2"),
+    "ignores_the_state": TOY.replace("model.w.copy_(state[\"w\"])", "model.w.zero_()"),
+}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    path = tmp_path_factory.mktemp("toy") / "toy_reference.py"
+    path.write_text(TOY)
+    spec = importlib.util.spec_from_file_location("toy_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["toy_reference"] = module
+    spec.loader.exec_module(module)
+    tests = H.HiddenTests(module)
+
+    @tests.test("test_apply")
+    def _(t):
+        t.function("apply_model", t.model("Scale", {"d": 4}), t.randn(2, 4))
+
+    @tests.test("test_load")
+    def _(t):
+        t.function("load", t.model("Scale", {"d": 4}), {"w": t.randn(4)})
+
+    return tests
+
+
+def _judge(tests, test_id, student_source, tmp_path, monkeypatch) -> list[str]:
+    cases, results, private = (tmp_path / n for n in ("cases", "results", "private"))
+    for d in (cases, results, private):
+        d.mkdir(exist_ok=True)
+    probes = tests.build(test_id)
+    arrays: dict = {}
+    calls = [transfer.encode_call(i, p, {}, arrays, tests.model_source) for i, p in enumerate(probes)]
+    transfer.write_inputs(cases, test_id, calls, arrays)
+    monkeypatch.setenv("ATTN_GRADER_CASES", str(cases))
+    monkeypatch.setenv("ATTN_GRADER_RESULTS", str(results))
+    namespace: dict = {}
+    exec(compile(student_source, "<student>", "exec"), namespace)
+    probe.run(test_id, namespace)
+    transfer.take_results(results, private, test_id)
+    got = transfer.read_results(private, test_id)
+    return [problem for p, g in zip(probes, got) for problem in H.judge_probe(p, g, set())]
+
+
+def test_model_source_holds_the_class_and_what_it_uses(toy):
+    source = toy.model_source("Scale")
+    assert "class Scale" in source and "def load" not in source and "import torch" in source
+
+
+@pytest.mark.parametrize("test_id", ["test_apply", "test_load"])
+def test_a_correct_submission_passes(toy, test_id, tmp_path, monkeypatch):
+    assert _judge(toy, test_id, STUDENTS["correct"], tmp_path, monkeypatch) == []
+
+
+def test_a_loader_that_returns_a_new_model_is_told_to_load_in_place(toy, tmp_path, monkeypatch):
+    problems = _judge(toy, "test_load", STUDENTS["new_model_instead_of_in_place"], tmp_path, monkeypatch)
+    assert problems and "did not update `model` in place" in problems[0], problems
+
+
+def test_a_function_that_changes_its_model_argument_is_told_so(toy, tmp_path, monkeypatch):
+    problems = _judge(toy, "test_apply", STUDENTS["changes_the_model"], tmp_path, monkeypatch)
+    assert problems and "changed the parameters of `model`" in problems[0], problems
+
+
+def test_a_returned_model_is_compared_by_its_state(toy, tmp_path, monkeypatch):
+    problems = _judge(toy, "test_load", STUDENTS["ignores_the_state"], tmp_path, monkeypatch)
+    assert problems and "the model's `w` differs" in problems[0], problems
