@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     mer = sub.add_parser("merge", help="combine shard results into one gradebook and CSVs")
     mer.add_argument("shards", nargs="+", type=Path)
     mer.add_argument("--into", type=Path, required=True)
-    exp = sub.add_parser("export", help="write grades.csv and exercises.csv")
+    exp = sub.add_parser("export", help="write class-grades.csv and class-exercises.csv")
     exp.add_argument("--course", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command != "grade":
@@ -64,54 +64,108 @@ def main(argv=None) -> int:
         print(f"error: grading failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
               file=sys.stderr)
         return 1
+    if args.feedback_dir is not None and getattr(report, "feedback_html", None):
+        from .feedback import install_mathjax
+        install_mathjax(args.feedback_dir)  # the page's math, offline
     print(json.dumps(report.as_json()) if args.json else report.as_text())
     return 0
 
 
 def _class_command(args) -> int:
+    import os
     import warnings
     warnings.filterwarnings("ignore")
+    from coursekit.conventions import with_python_bin_on_path
+    os.environ["PATH"] = with_python_bin_on_path()["PATH"]  # nbgrader's gradebook runs `alembic`
+    try:
+        return _run_class_command(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 - one line, never a traceback
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    """The reason for a failed class command, on one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from .folders import FolderError
+    from .sandbox import SandboxUnavailable
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if isinstance(err, SQLAlchemyError):
+        first = str(getattr(err, "orig", None) or first).strip().splitlines()[0]
+        return f"the gradebook cannot be opened ({first}); is gradebook.db an nbgrader gradebook?"
+    if isinstance(err, (FolderError, SandboxUnavailable, ValueError, RuntimeError)):
+        return first
+    if isinstance(err, OSError) and err.filename:
+        return f"{err.strerror or first}: {err.filename}"
+    return f"{type(err).__name__}: {first}"
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    index, slash, count = text.partition("/")
+    if not (slash and index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise ValueError(f"--shard {text}: takes I/N with 1 <= I <= N, e.g. --shard 2/4")
+    return int(index), int(count)
+
+
+def _run_class_command(args) -> int:
     from . import classroom
     from .chapters import known
     from .collect import collect
     from .export import export
+    from .folders import class_folder, existing_folder
     from .release import release
-    from .sandbox import SandboxUnavailable
+    from .export import CLASS_EXERCISES, CLASS_GRADES
+    LEDGER = ".grading/ledger.jsonl"
     chapters = known()
-    try:
-        if args.command == "release":
-            unknown = [c for c in args.chapters if c not in chapters]
-            if unknown:
-                raise ValueError(f"unknown chapter(s): {', '.join(unknown)}")
-            for path in release(args.course, [chapters[c] for c in args.chapters or chapters], args.to):
-                print(path)
-        elif args.command == "collect":
-            tasks = collect(args.source, args.course, args.chapter)
-            print(f"collected {len(tasks)} submission(s) into {args.course / 'submitted'}")
-        elif args.command == "grade-class":
-            shard = None
-            if args.shard:
-                index, _, count = args.shard.partition("/")
-                shard = (int(index), int(count))
-                if not 1 <= shard[0] <= shard[1]:
-                    raise ValueError("--shard takes I/N with 1 <= I <= N")
-            summary = classroom.grade_class(args.course, args.chapter, args.workers, args.force, shard,
-                                            args.out, args.timeout, sandboxed=not args.unsandboxed)
-            out = args.out or args.course
-            print(f"{summary['graded']} graded, {summary['failed']} could not be graded, "
-                  f"{summary['skipped']} already graded; gradebook {out / 'gradebook.db'}, "
-                  f"{out / 'grades.csv'}, {out / 'exercises.csv'}, feedback in {out / 'feedback'}")
-        elif args.command == "merge":
-            count = classroom.merge(args.into, args.shards)
-            print(f"merged {count} submission(s) into {args.into}")
-        elif args.command == "export":
-            for path in export(args.course):
-                print(path)
-    except KeyboardInterrupt:
-        return 130
-    except (ValueError, RuntimeError, OSError, SandboxUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    asked = getattr(args, "chapters", None) or getattr(args, "chapter", None) or []
+    unknown = [c for c in ([asked] if isinstance(asked, str) else asked) if c not in chapters]
+    if unknown:
+        raise ValueError(f"unknown chapter(s): {', '.join(unknown)} (known: {', '.join(chapters)})")
+    if args.command == "release":
+        course = class_folder(args.course)
+        plain = class_folder(args.to, "--to") if args.to else None
+        for path in release(course, [chapters[c] for c in args.chapters or chapters], plain):
+            print(path)
+    elif args.command == "collect":
+        course = class_folder(args.course)
+        source = existing_folder(args.source, "collect: source")
+        tasks = collect(source, course, args.chapter)
+        if not tasks:
+            raise ValueError(f"collect: no submissions in {args.source} (expected <student>/<chapter>/*.ipynb "
+                             "or a flat folder of <student>.ipynb)")
+        print(f"collected {len(tasks)} submission(s) into {args.course / 'submitted'}")
+    elif args.command == "grade-class":
+        shard = _shard(args.shard)
+        course = class_folder(args.course)
+        out = class_folder(args.out, "--out") if args.out else course
+        if not (course / "submitted").is_dir():
+            raise ValueError(f"--course {args.course}: no submitted/ folder to grade; run collect first")
+        summary = classroom.grade_class(course, args.chapter, args.workers, args.force, shard,
+                                        out, args.timeout, sandboxed=not args.unsandboxed)
+        shown = args.out or args.course
+        print(f"{summary['graded']} graded, {summary['failed']} could not be graded, "
+              f"{summary['skipped']} already graded; gradebook {shown / 'gradebook.db'}, "
+              f"{shown / CLASS_GRADES}, {shown / CLASS_EXERCISES}, feedback in {shown / 'feedback'}")
+    elif args.command == "merge":
+        into = class_folder(args.into, "--into")
+        shards = [existing_folder(s, "merge: shard folder") for s in args.shards]
+        for given, shard in zip(args.shards, shards):
+            if not (shard / LEDGER).is_file():
+                raise ValueError(f"merge: {given} holds no graded submissions (no {LEDGER}); "
+                                 "give the --out folders of grade-class")
+        count = classroom.merge(into, shards)
+        print(f"merged {count} submission(s) into {args.into}")
+    elif args.command == "export":
+        course = class_folder(args.course)
+        if not (course / LEDGER).is_file():
+            raise ValueError(f"export --course {args.course}: nothing graded there yet (no {LEDGER}); "
+                             "run grade-class first")
+        for path in export(course):
+            print(path)
     return 0
 
 

@@ -8,7 +8,7 @@ A class lives in an nbgrader course folder (the sqlite gradebook is the record):
       submitted/<student>/<chapter>/<chapter>.ipynb
       gradebook.db                             nbgrader gradebook (scores per test cell)
       feedback/<student>/<chapter>/<chapter>.html
-      grades.csv, exercises.csv                exports
+      class-grades.csv, class-exercises.csv    exports (grades.csv is left to `nbgrader export`)
       .grading/ledger.jsonl                    one line per graded submission (resume, reasons)
 
 Worker processes (``workers``) grade one submission each in a private scratch course
@@ -29,6 +29,8 @@ from coursekit.nbgrader_course import gradebook
 from .chapters import ChapterInfo, known
 from .collect import in_shard, submissions
 from .export import export
+from .feedback import install_mathjax
+from .folders import class_folder
 from .gradebook import store_scores
 from .ledger import Ledger, file_hash
 from .progress import Progress
@@ -68,6 +70,7 @@ def record(folder: Path, task_student: str, chapter: str, sha: str, status: str,
                      exercises={}, tests={t: 0.0 for t in points}, repairs=[])
     target = folder / "feedback" / task_student / chapter / f"{chapter}.html"
     target.parent.mkdir(parents=True, exist_ok=True)
+    install_mathjax(folder / "feedback")  # once per folder: the pages' math, offline
     if status == "ok" and data.get("feedback_html") and Path(data["feedback_html"]).exists():
         shutil.move(data["feedback_html"], target)
     else:
@@ -97,8 +100,8 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
     """Grade every submission under COURSE/submitted; results go to OUT (default COURSE)."""
     if sandboxed:
         bubblewrap()  # one line now, rather than the same failure for every submission
-    course = Path(course).resolve()
-    out = Path(out).resolve() if out else course
+    course = class_folder(course)
+    out = class_folder(out, "--out") if out else course
     out.mkdir(parents=True, exist_ok=True)
     infos = known()
     tasks = [t for t in submissions(course, chapters) if in_shard(t, shard)]
@@ -139,8 +142,9 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
 def merge(target: Path, shards: list[Path]) -> int:
     """Combine shard results (gradebooks, feedback, ledgers) into TARGET."""
     infos = known()
+    target = class_folder(target, "--into")
     count = 0
-    for shard in shards:
+    for shard in map(Path.resolve, map(Path, shards)):
         entries = Ledger(shard).entries()
         ensure_gradebook(target, [infos[c] for c in sorted({e["chapter"] for e in entries.values()}) if c in infos])
         scores = _gradebook_scores(shard)
@@ -152,6 +156,7 @@ def merge(target: Path, shards: list[Path]) -> int:
             if (shard / rel).exists() and (shard / rel).resolve() != (target / rel).resolve():
                 (target / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(shard / rel, target / rel)
+                install_mathjax(target / "feedback")
             _store(target, entry)
             count += 1
     export(target)

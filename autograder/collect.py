@@ -35,6 +35,7 @@ def collect(source: Path, course: Path, chapter: str | None = None) -> list[Task
     flat folder of ``<student>.ipynb`` files (an LMS download), whose chapter comes from
     --chapter or from each notebook's metadata.
     """
+    source, course = Path(source).resolve(), Path(course).resolve()
     source = source / "submitted" if (source / "submitted").is_dir() else source
     chapters = known()
     found: list[Task] = []

@@ -8,9 +8,14 @@ from coursekit.nbgrader_course import gradebook
 
 from .ledger import Ledger
 
+# Not grades.csv: that is what `nbgrader export` writes into the course folder.
+CLASS_GRADES = "class-grades.csv"
+CLASS_EXERCISES = "class-exercises.csv"
+
 
 def export(folder: Path) -> tuple[Path, Path]:
-    """grades.csv (a row per student, a column per chapter, total) and exercises.csv (long)."""
+    """class-grades.csv (a row per student, a column per chapter, total) and class-exercises.csv (long)."""
+    folder = Path(folder).resolve()
     entries = Ledger(folder).entries()
     chapters = sorted({e["chapter"] for e in entries.values()})
     students = sorted({e["student"] for e in entries.values()})
@@ -23,7 +28,7 @@ def export(folder: Path) -> tuple[Path, Path]:
                 subs = []
             for sub in subs:
                 totals[(sub.student.id, chapter)] = sub.score
-    grades = folder / "grades.csv"
+    grades = folder / CLASS_GRADES
     with open(grades, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", *chapters, "total", "notes"])
@@ -32,7 +37,7 @@ def export(folder: Path) -> tuple[Path, Path]:
             notes = "; ".join(f"{c}: {entries[f'{student}/{c}']['reason']}" for c in chapters
                               if entries.get(f"{student}/{c}", {}).get("reason"))
             writer.writerow([student, *[f"{s:g}" for s in row], f"{sum(row):g}", notes])
-    exercises = folder / "exercises.csv"
+    exercises = folder / CLASS_EXERCISES
     with open(exercises, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "chapter", "exercise", "score", "max_score", "feedback"])

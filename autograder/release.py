@@ -8,11 +8,13 @@ from coursekit.conventions import COURSE_ID
 from coursekit.nbgrader_course import generate_assignment
 
 from .chapters import ChapterInfo
+from .folders import class_folder
 
 
 def release(course: Path, chapters: list[ChapterInfo], plain_folder: Path | None = None) -> list[Path]:
     """generate_assignment for each chapter; optionally copy the learner notebooks to a folder."""
-    course = Path(course).resolve()
+    course = class_folder(course)
+    plain_folder = class_folder(plain_folder, "--to") if plain_folder is not None else None
     course.mkdir(parents=True, exist_ok=True)
     config = course / "nbgrader_config.py"  # so that nbgrader's own commands work in the folder
     if not config.exists():

@@ -30,7 +30,7 @@ def cli(*args, check=True, **kwargs):
 
 
 def grades(folder: Path) -> dict[str, float]:
-    with open(folder / "grades.csv") as f:
+    with open(folder / "class-grades.csv") as f:
         return {row["student"]: float(row["total"]) for row in csv.DictReader(f)}
 
 
@@ -67,10 +67,10 @@ def test_every_student_gets_the_honest_score(graded_class):
 
 def test_reasons_in_csv_and_feedback(graded_class):
     _, course, _ = graded_class
-    with open(course / "grades.csv") as f:
+    with open(course / "class-grades.csv") as f:
         notes = {row["student"]: row["notes"] for row in csv.DictReader(f)}
     assert "empty" in notes["eve"] and "not valid JSON" in notes["finn"] and "format 5" in notes["ivan"]
-    with open(course / "exercises.csv") as f:
+    with open(course / "class-exercises.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["student"] == "ben"]
     lost = {r["exercise"]: r["feedback"] for r in rows if float(r["score"]) < float(r["max_score"])}
     assert set(lost) == {"scaled_dot_product_attention", "causal_mask"}
@@ -96,14 +96,29 @@ def test_class_grades_equal_grading_alone(graded_class):
 
 
 def test_real_nbgrader_export_reads_the_gradebook(graded_class):
-    tmp, course, _ = graded_class
-    out = tmp / "nbgrader-export.csv"
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(out)], cwd=course,
+    _, course, _ = graded_class
+    ours = (course / "class-grades.csv").read_text()
+    # as the README says: `nbgrader export` in the course folder, which writes grades.csv there
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", "export"], cwd=course,
                           capture_output=True, text=True, env=with_python_bin_on_path())
     assert proc.returncode == 0, proc.stderr
-    with open(out) as f:
+    with open(course / "grades.csv") as f:
         exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
     assert exported == EXPECTED
+    assert (course / "class-grades.csv").read_text() == ours  # nothing of ours was overwritten
+    cli("export", "--course", str(course))
+    assert (course / "grades.csv").exists() and grades(course) == EXPECTED
+
+
+def test_feedback_reads_like_the_book(graded_class):
+    _, course, _ = graded_class
+    page = (course / "feedback" / "ben" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert "cdnjs" not in page and "../../_static/mathjax/tex-chtml.js" in page  # MathJax offline
+    assert (course / "feedback" / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    assert "output/chtml/fonts/woff-v2" in str(next((course / "feedback" / "_static" / "mathjax").rglob("*.woff")))
+    assert '<div class="admonition note">' in page and "{note}" not in page and "{admonition}" not in page
+    assert "Which way round is a boolean mask?</p>" in page
+    assert ">Test cell<" not in page and "<code>test_causal_mask</code></a> (Score: 0.0 / 1.0)" in page
 
 
 def test_rerun_resumes_and_force_regrades(graded_class):
@@ -165,6 +180,65 @@ def test_shards_merge_into_the_same_grades(tmp_path):
     assert grades(course) == {s: EXPECTED[s] for s in students}
     for student in students:
         assert (course / "feedback" / student / CHAPTER / f"{CHAPTER}.html").exists()
+
+
+def test_relative_paths_from_another_folder(tmp_path):
+    """Every class command with relative paths, run outside the repository."""
+    env = {**with_python_bin_on_path(), "PYTHONPATH": str(ROOT)}
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "autograder", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=1200, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+    subprocess.run([sys.executable, str(ROOT / "examples" / "sample_class.py"), "sample"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    for student in ("ben", "cleo", "dan"):
+        shutil.rmtree(tmp_path / "sample" / "submitted" / student)
+    run("release", "--course", "my-class", CHAPTER, "--to", "handout")
+    assert (tmp_path / "handout" / f"{CHAPTER}.ipynb").exists()
+    run("collect", "sample/submitted", "--course", "my-class")  # ada, eve
+    for index in (1, 2):
+        run("grade-class", "--course", "my-class", "--shard", f"{index}/2", "--out", f"results/shard-{index}",
+            "--workers", "1")
+    run("merge", "results/shard-1", "results/shard-2", "--into", "my-class")
+    run("export", "--course", "my-class")
+    assert grades(tmp_path / "my-class") == {"ada": 10.0, "eve": 0.0}
+    assert (tmp_path / "my-class" / "feedback" / "ada" / CHAPTER / f"{CHAPTER}.html").exists()
+    assert (tmp_path / "my-class" / "feedback" / "_static" / "mathjax" / "tex-chtml.js").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["release", "--course", "course"], "course/ holds the project's own files"),
+    (["release", "--course", "course/my-class"], "course/ holds the project's own files"),
+    (["release", "--course", "."], "the repository itself"),
+    (["release", "--course", "{tmp}/c", "--to", "chapters"], "chapters/ holds the project's own files"),
+    (["grade-class", "--course", "{tmp}/c", "--out", "source"], "source/ holds the project's own files"),
+    (["merge", "{tmp}", "--into", "solutions"], "solutions/ holds the project's own files"),
+    (["release", "--course", "{tmp}/c", "99_nothing"], "unknown chapter(s): 99_nothing"),
+    (["collect", "{tmp}/missing", "--course", "{tmp}/c"], "no such folder"),
+    (["collect", "{tmp}", "--course", "{tmp}/c"], "no submissions in"),
+    (["collect", "{tmp}", "--course", "{tmp}/c", "--chapter", "02_nothing"], "unknown chapter(s): 02_nothing"),
+    (["grade-class", "--course", "{tmp}/c"], "no submitted/ folder"),
+    (["grade-class", "--course", "{tmp}/c", "--shard", "3/2"], "--shard 3/2: takes I/N"),
+    (["grade-class", "--course", "{tmp}/c", "--shard", "two"], "--shard two: takes I/N"),
+    (["merge", "{tmp}/missing", "--into", "{tmp}/c"], "no such folder"),
+    (["merge", "{tmp}", "--into", "{tmp}/c"], "holds no graded submissions"),
+    (["export", "--course", "{tmp}/c"], "nothing graded there yet"),
+    (["export", "--course", "{tmp}/broken"], "the gradebook cannot be opened"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_class_command_errors_are_one_line(tmp_path, args, message):
+    broken = tmp_path / "broken"
+    (broken / ".grading").mkdir(parents=True)
+    (broken / ".grading" / "ledger.jsonl").write_text(json.dumps(
+        {"student": "a", "chapter": CHAPTER, "sha256": "", "status": "failed", "reason": "x", "max_score": 10,
+         "exercises": {}, "tests": {}}) + "\n")
+    (broken / "gradebook.db").write_text("not a database")
+    proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert message in lines[0]
+    assert not (ROOT / "course" / "my-class").exists() and not (ROOT / "course" / "source").exists()
 
 
 def test_grading_twice_gives_the_same_result(tmp_path):

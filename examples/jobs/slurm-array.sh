@@ -1,7 +1,7 @@
 #!/bin/bash
 # Grade a class on a Slurm cluster: one array task per shard, then merge.
-#   sbatch --array=1-8 examples/jobs/slurm-array.sh /shared/course
-#   (when all tasks are done)  .venv/bin/python -m autograder merge /shared/results/shard-* --into /shared/course
+#   sbatch --array=1-8 examples/jobs/slurm-array.sh /shared/my-class
+#   (when all tasks are done)  .venv/bin/python -m autograder merge /shared/results/shard-* --into /shared/my-class
 #SBATCH --job-name=grade-class
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=8G
