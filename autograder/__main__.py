@@ -88,11 +88,10 @@ def _class_command(args) -> int:
 
 def _one_line(err: BaseException) -> str:
     """The reason for a failed class command, on one line."""
-    from sqlalchemy.exc import SQLAlchemyError
     from .folders import FolderError
     from .sandbox import SandboxUnavailable
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if isinstance(err, SQLAlchemyError):
+    if type(err).__module__.startswith("sqlalchemy"):
         first = str(getattr(err, "orig", None) or first).strip().splitlines()[0]
         return f"the gradebook cannot be opened ({first}); is gradebook.db an nbgrader gradebook?"
     if isinstance(err, (FolderError, SandboxUnavailable, ValueError, RuntimeError)):
@@ -112,27 +111,30 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def _run_class_command(args) -> int:
-    from . import classroom
-    from .chapters import known
-    from .collect import collect
-    from .export import export
-    from .folders import class_folder, existing_folder
-    from .release import release
+    # Arguments are checked before the heavy imports (nbformat, nbgrader), so that a
+    # mistake is reported at once.
+    from coursekit import conventions as C
+
     from .export import CLASS_EXERCISES, CLASS_GRADES
+    from .folders import class_folder, existing_folder
     LEDGER = ".grading/ledger.jsonl"
-    chapters = known()
+    names = [c for c in C.chapter_names() if C.instructor_notebook(c).exists()]
     asked = getattr(args, "chapters", None) or getattr(args, "chapter", None) or []
-    unknown = [c for c in ([asked] if isinstance(asked, str) else asked) if c not in chapters]
+    unknown = [c for c in ([asked] if isinstance(asked, str) else asked) if c not in names]
     if unknown:
-        raise ValueError(f"unknown chapter(s): {', '.join(unknown)} (known: {', '.join(chapters)})")
+        raise ValueError(f"unknown chapter(s): {', '.join(unknown)} (known: {', '.join(names)})")
     if args.command == "release":
         course = class_folder(args.course)
         plain = class_folder(args.to, "--to") if args.to else None
+        from .chapters import known
+        from .release import release
+        chapters = known()
         for path in release(course, [chapters[c] for c in args.chapters or chapters], plain):
             print(path)
     elif args.command == "collect":
         course = class_folder(args.course)
         source = existing_folder(args.source, "collect: source")
+        from .collect import collect
         tasks = collect(source, course, args.chapter)
         if not tasks:
             raise ValueError(f"collect: no submissions in {args.source} (expected <student>/<chapter>/*.ipynb "
@@ -144,6 +146,7 @@ def _run_class_command(args) -> int:
         out = class_folder(args.out, "--out") if args.out else course
         if not (course / "submitted").is_dir():
             raise ValueError(f"--course {args.course}: no submitted/ folder to grade; run collect first")
+        from . import classroom
         summary = classroom.grade_class(course, args.chapter, args.workers, args.force, shard,
                                         out, args.timeout, sandboxed=not args.unsandboxed)
         shown = args.out or args.course
@@ -157,6 +160,7 @@ def _run_class_command(args) -> int:
             if not (shard / LEDGER).is_file():
                 raise ValueError(f"merge: {given} holds no graded submissions (no {LEDGER}); "
                                  "give the --out folders of grade-class")
+        from . import classroom
         count = classroom.merge(into, shards)
         print(f"merged {count} submission(s) into {args.into}")
     elif args.command == "export":
@@ -164,6 +168,7 @@ def _run_class_command(args) -> int:
         if not (course / LEDGER).is_file():
             raise ValueError(f"export --course {args.course}: nothing graded there yet (no {LEDGER}); "
                              "run grade-class first")
+        from .export import export
         for path in export(course):
             print(path)
     return 0
