@@ -18,12 +18,18 @@ os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "20")
 from coursekit.sample_submissions import learner_notebook, reference_answers, submission  # noqa: E402,F401
 
 
+_upcoming = None  # per worker process: the next notebook's kernel, booting while one is graded
+
+
 def _grade_one(path: str):
+    global _upcoming
     import warnings
     warnings.filterwarnings("ignore")
-    from autograder.grading import grade
+    from autograder.grading import KernelSlot, grade
     try:
-        return grade(Path(path)).as_json()
+        current, _upcoming = _upcoming or KernelSlot(), None
+        _upcoming = KernelSlot()
+        return grade(Path(path), slot=current).as_json()
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
 

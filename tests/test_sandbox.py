@@ -277,3 +277,14 @@ def test_peak_memory_is_read_from_outside_and_cannot_be_reset_inside():
         client.stop_channels()
     finally:
         slot.close()
+
+
+def test_without_bubblewrap_grading_refuses_with_one_line(tmp_path):
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(submission(chapter=CHAPTER), path)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": str(tmp_path)})  # no bwrap on this PATH
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bubblewrap" in lines[0] and "--unsandboxed" in lines[0], proc.stderr
