@@ -229,7 +229,7 @@ MISTAKES = {
     "additive_context_from_keys": (sub({"AdditiveAttention": additive_with(
         "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)",
         context_line="context = (weights.unsqueeze(1) @ keys).squeeze(1)")}),
-        {"test_AdditiveAttention_shapes": "returned shape", "test_AdditiveAttention_values": "VALUES",
+        {"test_AdditiveAttention_shapes": "VALUES", "test_AdditiveAttention_values": "VALUES",
          "test_AdditiveAttention_mask": "VALUES"}),
     "additive_mask_ignored": (sub({"AdditiveAttention": additive_with(
         "scores = self.v_a(torch.tanh(q + k)).squeeze(-1)", softmax_line="weights = masked_softmax(scores)")}),
