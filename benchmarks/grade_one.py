@@ -33,6 +33,10 @@ NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
 """
 
 
+def floor_command(notebook: Path) -> list[str]:
+    return [sys.executable, "-c", FLOOR, str(notebook), str(notebook.parent)]
+
+
 def timed(argv) -> float:
     started = time.perf_counter()
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
@@ -55,7 +59,7 @@ def main() -> None:
     nbformat.write(repaired(nb, nb)[0], floor_nb)  # the learner's cells grading runs, visible tests only
     grade_cmd = [sys.executable, "-m", "autograder", "grade", str(graded), "--json"]
     grade_cmd += ["--unsandboxed"] if args.unsandboxed else []
-    floor_cmd = [sys.executable, "-c", FLOOR, str(floor_nb), str(tmp)]
+    floor_cmd = floor_command(floor_nb)
     timed(grade_cmd)  # build the cached course template once
     grade, floor = [], []
     for _ in range(args.runs):

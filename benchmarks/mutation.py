@@ -57,7 +57,8 @@ if str(ROOT) not in sys.path:
 
 from autograder import hidden as H  # noqa: E402
 
-CHAPTERS = ["01_bahdanau_attention", "02_self_attention", "03_multi_head_attention", "04_positional_encoding"]
+CHAPTERS = ["01_bahdanau_attention", "02_self_attention", "03_multi_head_attention", "04_positional_encoding",
+            "07_gpt"]
 GIVEN_METHODS = {"__init__"}  # given complete in the stubs: not answer code
 
 # Survivors that only change what the spec leaves ungraded: (exercise, mutation) -> why.
@@ -397,10 +398,16 @@ def _as_result(value):
         return _Foreign(f"a tensor subclass ({type(value).__name__}); return a plain torch.Tensor")
     if isinstance(value, (tuple, list)):
         return tuple(_as_result(v) for v in value)
+    if isinstance(value, torch.nn.Module):      # a returned model is judged by its state (hidden.ModuleState)
+        return H.ModuleState.of(value)
     return _Foreign(f"a {type(value).__name__}")
 
 
 def _clone(v):
+    if isinstance(v, H.ModelArg):               # a model argument: a fresh reference-built module
+        return v.fresh()
+    if isinstance(v, dict):
+        return {k: _clone(x) for k, x in v.items()}
     return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
 
 
@@ -437,7 +444,8 @@ def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> 
         with recorder:
             out = target(*args, **kwargs)
         result["value"] = _as_result(out)
-        result["inputs_after"] = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+        result["inputs_after"] = [a.detach().clone() if isinstance(a, torch.Tensor) else
+                                  H.ModuleState.of(a) if isinstance(a, torch.nn.Module) else None for a in args]
         if probe.cotangents:
             outs = out if isinstance(out, (tuple, list)) else (out,)
             try:

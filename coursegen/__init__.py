@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from coursekit.conventions import (COURSE_DIR, GENERATED_NOTE as NOTE, HIDDEN_BEGIN, HIDDEN_END, ROOT,
-                                   SOLUTION_BEGIN, SOLUTION_END, chapter_names, exercise_of,
+                                   SOLUTION_BEGIN, SOLUTION_END, chapter_names, exercise_of, reference_module,
                                    strip_solution_markers)
 
 _HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
@@ -46,7 +46,7 @@ class Chapter:
     @property
     def module(self) -> str:
         """Reference module name, e.g. ``ch02_self_attention``."""
-        return "ch" + self.name
+        return reference_module(self.name).rsplit(".", 1)[1]
 
     def of_kind(self, kind: str) -> list[Cell]:
         return [c for c in self.cells if c.kind == kind]
@@ -54,9 +54,6 @@ class Chapter:
     @property
     def exercises(self) -> list[str]:
         return [c.name for c in self.of_kind("exercise")]
-
-    def tests_of(self, exercise: str) -> list[Cell]:
-        return [c for c in self.of_kind("test") if exercise_of(c.name, self.exercises) == exercise]
 
 
 def _parse_header(body: str | None, line: int) -> Cell:
