@@ -157,8 +157,8 @@ def _run_class_command(args) -> int:
         into = class_folder(args.into, "--into")
         shards = [existing_folder(s, "merge: shard folder") for s in args.shards]
         for given, shard in zip(args.shards, shards):
-            if not (shard / LEDGER).is_file():
-                raise ValueError(f"merge: {given} holds no graded submissions (no {LEDGER}); "
+            if not (shard / ".grading").is_dir():  # a shard may have had nothing to grade
+                raise ValueError(f"merge: {given} is not a results folder of grade-class (no .grading/); "
                                  "give the --out folders of grade-class")
         from . import classroom
         count = classroom.merge(into, shards)

@@ -197,13 +197,13 @@ def test_relative_paths_from_another_folder(tmp_path):
         shutil.rmtree(tmp_path / "sample" / "submitted" / student)
     run("release", "--course", "my-class", CHAPTER, "--to", "handout")
     assert (tmp_path / "handout" / f"{CHAPTER}.ipynb").exists()
-    run("collect", "sample/submitted", "--course", "my-class")  # ada, eve
+    run("collect", "sample/submitted", "--course", "my-class")  # ada, gus
     for index in (1, 2):
         run("grade-class", "--course", "my-class", "--shard", f"{index}/2", "--out", f"results/shard-{index}",
             "--workers", "1")
     run("merge", "results/shard-1", "results/shard-2", "--into", "my-class")
     run("export", "--course", "my-class")
-    assert grades(tmp_path / "my-class") == {"ada": 10.0, "eve": 0.0}
+    assert grades(tmp_path / "my-class") == {"ada": 10.0, "gus": 10.0}
     assert (tmp_path / "my-class" / "feedback" / "ada" / CHAPTER / f"{CHAPTER}.html").exists()
     assert (tmp_path / "my-class" / "feedback" / "_static" / "mathjax" / "tex-chtml.js").exists()
 
@@ -223,7 +223,7 @@ def test_relative_paths_from_another_folder(tmp_path):
     (["grade-class", "--course", "{tmp}/c", "--shard", "3/2"], "--shard 3/2: takes I/N"),
     (["grade-class", "--course", "{tmp}/c", "--shard", "two"], "--shard two: takes I/N"),
     (["merge", "{tmp}/missing", "--into", "{tmp}/c"], "no such folder"),
-    (["merge", "{tmp}", "--into", "{tmp}/c"], "holds no graded submissions"),
+    (["merge", "{tmp}", "--into", "{tmp}/d"], "not a results folder of grade-class"),
     (["export", "--course", "{tmp}/c"], "nothing graded there yet"),
     (["export", "--course", "{tmp}/broken"], "the gradebook cannot be opened"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
