@@ -100,10 +100,8 @@ def install_mathjax(feedback_folder: Path) -> bool:
     return target.is_dir()
 
 
-def render(api, course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> Path | None:
+def render(course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> Path | None:
     """Write the verdicts into the autograded notebook and run generate_feedback; None if unsafe.
-
-    ``api`` (the grading run's) is not used for the page: ``generate_feedback`` configures its own.
     """
     by_id = {o.test_id: o for o in outcomes}
     nb = nbformat.read(autograded, as_version=4)

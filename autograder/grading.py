@@ -119,7 +119,7 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course) -> Rep
     store_scores(course, info.name, student, {o.test_id: o.score for o in outcomes})
     report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed)
     if feedback_dir is not None or keep_course is not None:
-        page = feedback.render(api, course, info, student, autograded, outcomes,
+        page = feedback.render(course, info, student, autograded, outcomes,
                                "\n".join(c.source for c in nb.cells))
         if feedback_dir is not None and page is not None:
             feedback_dir.mkdir(parents=True, exist_ok=True)

@@ -54,5 +54,6 @@ def generate_assignment(root: Path, chapter: str, instructor_notebook: Path) -> 
 @contextlib.contextmanager
 def gradebook(root: Path):
     from nbgrader.api import Gradebook
+    os.environ["PATH"] = with_python_bin_on_path()["PATH"]  # a new gradebook runs `alembic`
     with Gradebook(db_url(root), COURSE_ID) as gb:
         yield gb
