@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def executed_chapter(chapter) -> nbformat.NotebookNode:
         if grade_id in solutions:
             cell.source = solutions[grade_id]
     started = time.perf_counter()
-    with _scratch_dir() as cwd:
+    with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd:  # files a chapter writes
         NotebookClient(run, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
     print(f"executed {chapter.name} with the reference in {time.perf_counter() - started:.1f} s")
@@ -58,17 +59,6 @@ def executed_chapter(chapter) -> nbformat.NotebookNode:
         old.unlink()
     nbformat.write(learner, cached)
     return learner
-
-
-class _scratch_dir:
-    def __enter__(self):
-        self.path = BUILD / "exec-cwd"
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.path.mkdir(parents=True)
-        return str(self.path)
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def stage(found) -> None:
