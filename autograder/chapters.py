@@ -6,8 +6,6 @@ import functools
 import importlib
 from pathlib import Path
 
-import nbformat
-
 from coursekit import conventions as C
 
 
@@ -53,6 +51,7 @@ class _Instructor:
 
 @functools.lru_cache(maxsize=None)
 def _read(path: Path, mtime: float) -> _Instructor:
+    import nbformat
     nb = nbformat.read(path, as_version=4)
     tests = {C.grade_id(c): C.points(c) for c in nb.cells if C.is_test_cell(c)}
     exercises = [C.grade_id(c) for c in nb.cells if C.is_answer_cell(c)]

@@ -21,8 +21,6 @@ from jupyter_core.utils import run_sync
 
 from . import sandbox
 from .kernel import Exchange, GradingKernelManager
-from .report import Report
-from .submission import load
 
 KERNEL_ARGUMENTS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
 
@@ -59,7 +57,7 @@ class KernelSlot:
 
 def grade(path: Path, student: str = "student", feedback_dir: Path | None = None,
           chapter: str | None = None, keep_course: Path | None = None,
-          sandboxed: bool = True, private: tuple[Path, ...] = (), slot: KernelSlot | None = None) -> Report:
+          sandboxed: bool = True, private: tuple[Path, ...] = (), slot: KernelSlot | None = None):
     """Grade one notebook. Raises SubmissionError for a file that is not gradable, and
     SandboxUnavailable when ``sandboxed`` and no OS sandbox can run here.
 
@@ -69,26 +67,24 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
     private: more folders an unsandboxed kernel's audit hook keeps it from reading.
     slot: a kernel started earlier (``KernelSlot``); it is used up either way.
     """
+    # The kernel starts first and boots in its own process while this one imports nbformat,
+    # nbgrader and torch.
+    slot = slot or KernelSlot(sandboxed, private)
     try:
+        from .submission import load
         nb, info = load(path, chapter)
-        # The kernel boots in its own process while this one imports nbgrader and torch.
-        slot = slot or KernelSlot(sandboxed, private)
-    except BaseException:
-        if slot is not None:
-            slot.close()
-        raise
-    try:
         return _grade_in(slot.work, slot.kernel, nb, info, student, feedback_dir, keep_course)
     finally:
         slot.close()
 
 
-def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course) -> Report:
+def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
     import nbformat
 
     from coursekit import nbgrader_course
 
     from . import feedback, verdicts
+    from .report import Report
     from .execute import GuardedExecute
     from .gradebook import store_scores
     from .session import GradingSession

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .verdicts import TestOutcome
+if TYPE_CHECKING:  # verdicts imports torch: keep this module light
+    from .verdicts import TestOutcome
 
 UNSANDBOXED_NOTE = "graded WITHOUT the OS sandbox (--unsandboxed): only the audit hook contained the code"
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
-
 from coursekit import conventions as C
 
 from .chapters import ChapterInfo, known
@@ -17,8 +15,9 @@ class SubmissionError(Exception):
     """The file is not a gradable notebook of this course (message: one line)."""
 
 
-def load(path: Path, chapter: str | None = None) -> tuple[nbformat.NotebookNode, ChapterInfo]:
-    """Parse a submission; return it (nbformat 4) and its chapter."""
+def load(path: Path, chapter: str | None = None):
+    """Parse a submission; return it (nbformat 4) and its ChapterInfo."""
+    import nbformat
     path = Path(path)
     if not path.is_file():
         raise SubmissionError(f"{path}: no such file")
@@ -58,7 +57,7 @@ def _chapter_name(path: Path, nb, chapters) -> str | None:
     return meta.get("chapter") if isinstance(meta, dict) else None
 
 
-def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
+def repaired(nb, release):
     """The submission in a shape nbgrader always accepts, and what was repaired.
 
     Course cells (by nbgrader grade_id) get their released metadata and type back; a test
@@ -68,6 +67,7 @@ def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
     are dropped: exercises never need them and grading does not run them. The learner's
     own cells and answers are kept as they are.
     """
+    import nbformat
     released = [c for c in release.cells if C.grade_id(c)]
     by_id = {C.grade_id(c): c for c in released}
     notes, seen, cells = [], set(), []
@@ -114,4 +114,5 @@ def repaired(nb, release) -> tuple[nbformat.NotebookNode, list[str]]:
 
 
 def _copy(cell):
+    import nbformat
     return nbformat.from_dict(json.loads(json.dumps(cell)))
