@@ -90,7 +90,7 @@ torch.set_num_threads(1)
 # 1900 and 2099 and write it in one of nine formats. The 2,000 days kept for testing are
 # never seen in training, in any format.
 
-# %%
+# %% [name=date_task]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July",
           "August", "September", "October", "November", "December"]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
@@ -150,12 +150,14 @@ def encode_pairs(pairs):
     return src, tgt
 
 
+test_src, test_tgt = encode_pairs(date_pairs(test_days, random.Random(1)))   # the held-out dates
+
+# %%
 example = datetime.date(2026, 11, 21)
 for fmt in FORMATS:
     print(f"{fmt(example):30s} -> {example.isoformat()}")
 print(f"\n{len(SRC_ITOS)} source symbols, {len(TGT_ITOS)} target symbols, "
       f"{len(train_days):,} training days, {len(test_days):,} held-out days")
-test_src, test_tgt = encode_pairs(date_pairs(test_days, random.Random(1)))
 print("held-out batch:", tuple(test_src.shape), tuple(test_tgt.shape))
 
 # %% [markdown]

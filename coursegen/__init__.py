@@ -20,7 +20,8 @@ from coursekit.conventions import (COURSE_DIR, GENERATED_NOTE as NOTE, HIDDEN_BE
                                    strip_solution_markers)
 
 _HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
-KINDS = {"markdown", "code", "export", "exercise", "test", "hidden"}
+KINDS = {"markdown", "code", "export", "exercise", "test", "hidden", "include"}
+INCLUDED_NOTE = "# {title}'s code, unchanged (copied from {chapter} when the course is generated)"
 
 
 class SourceError(ValueError):
@@ -31,7 +32,7 @@ class SourceError(ValueError):
 class Cell:
     kind: str
     source: str
-    name: str | None = None  # grade_id for exercise and test cells
+    name: str | None = None  # grade_id for exercise and test cells; optional for code cells (see include)
     points: float | None = None
     tags: tuple[str, ...] = ()
     line: int = 0
@@ -64,13 +65,15 @@ def _parse_header(body: str | None, line: int) -> Cell:
     if kind not in KINDS:
         raise SourceError(f"line {line}: unknown cell kind {kind!r}")
     cell = Cell(kind=kind, source="", line=line)
-    if kind in ("exercise", "test"):
+    if kind in ("exercise", "test", "include"):
         if not words or "=" in words[0]:
             raise SourceError(f"line {line}: a {kind} cell needs a name")
         cell.name = words.pop(0)
     for word in words:
         key, _, value = word.partition("=")
-        if key == "points" and kind == "test":
+        if key == "name" and kind in ("code", "export"):
+            cell.name = value
+        elif key == "points" and kind == "test":
             cell.points = float(value)
         elif key == "tags":
             cell.tags = tuple(t for t in value.split(",") if t)
@@ -117,9 +120,29 @@ def parse_chapter(path: Path) -> Chapter:
             lines.append(text)
     if current is not None:
         cells.append(_finish(current, lines))
-    chapter = Chapter(name=path.stem, path=path, cells=cells)
+    chapter = Chapter(name=path.stem, path=path, cells=[_resolve(cell, path) for cell in cells])
     _validate(chapter)
     return chapter
+
+
+def _resolve(cell: Cell, path: Path) -> Cell:
+    """``# %% [include 01_bahdanau_attention:date_task]``: another chapter's named code cell.
+
+    One source for code two chapters show (d2l keeps one library; our notebooks must each
+    run on their own, so the cell is copied into the notebook, and drift is checked).
+    """
+    if cell.kind != "include":
+        return cell
+    where = f"{path.name}:{cell.line}"
+    other, _, name = cell.name.partition(":")
+    if cell.source or not name or other not in chapter_names():
+        raise SourceError(f"{where}: write an include as '# %% [include NN_chapter:cell_name]', with no body")
+    found = [c for c in parse_chapter(COURSE_DIR / f"{other}.py").cells if c.kind == "code" and c.name == name]
+    if not found:
+        raise SourceError(f"{where}: {other} has no code cell named {name}")
+    title = f"Chapter {int(other[:2])}"
+    note = INCLUDED_NOTE.format(title=title, chapter=f"course/{other}.py")
+    return dataclasses.replace(cell, kind="code", name=None, source=note + "\n" + found[0].source)
 
 
 def _validate(chapter: Chapter) -> None:
@@ -131,8 +154,9 @@ def _validate(chapter: Chapter) -> None:
                 raise SourceError(f"{where}: duplicate cell name {cell.name}")
             seen.add(cell.name)
         if cell.kind == "exercise":
-            if cell.source.count(SOLUTION_BEGIN) != 1 or cell.source.count(SOLUTION_END) != 1:
-                raise SourceError(f"{where}: exercise {cell.name} needs one solution region")
+            begins, ends = cell.source.count(SOLUTION_BEGIN), cell.source.count(SOLUTION_END)
+            if begins == 0 or begins != ends:   # a class may have one region per method
+                raise SourceError(f"{where}: exercise {cell.name} needs solution regions, each begun and ended")
         elif SOLUTION_BEGIN in cell.source or HIDDEN_BEGIN in cell.source:
             raise SourceError(f"{where}: markers belong in exercise cells only")
         if cell.kind == "test" and exercise_of(cell.name, chapter.exercises) is None:
