@@ -1218,13 +1218,15 @@ def flash_attention(query, key, value, block_size=64, causal=False):
         acc = q.new_zeros(q_i.size(0), q_i.size(1), d_v)            # running output   (B, B_r, d_v)
         stop = min(n_k, i0 + q_i.size(1)) if causal else n_k        # later key blocks: all future
         for j0 in range(0, stop, block_size):
-            s = q_i @ k_t[:, :, j0:j0 + block_size]                 # (B, B_r, B_c)
+            s = torch.bmm(q_i, k_t[:, :, j0:j0 + block_size])       # (B, B_r, B_c)
             if causal and j0 + s.size(-1) - 1 > i0:                 # a block on the diagonal
                 rows = torch.arange(i0, i0 + s.size(-2), device=q.device)[:, None]
                 cols = torch.arange(j0, j0 + s.size(-1), device=q.device)[None, :]
-                s = s.masked_fill(cols > rows, -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            p = (s - m_new).exp_()                                  # (B, B_r, B_c), in place on a fresh tensor
+                s.masked_fill_(cols > rows, -math.inf)
+            # The maximum only keeps exp() in range; the result does not depend on it, so it
+            # needs no gradient, and the block can then be turned into p in place.
+            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))
+            p = s.sub_(m_new).exp_()                                # (B, B_r, B_c)
             alpha = torch.exp(m - m_new)                            # rescales the old sums
             l = alpha * l + p.sum(dim=-1, keepdim=True)
             acc = torch.baddbmm(alpha * acc, p, v[:, j0:j0 + block_size])   # alpha * acc + p @ v_j
@@ -1320,7 +1322,7 @@ def blocked_logsumexp(query, key, block_size=64, causal=False):
                 s = s.masked_fill(torch.arange(j0, j0 + s.size(-1), device=q.device)[None, :]
                                   > torch.arange(i0, i0 + s.size(-2), device=q.device)[:, None], -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            l = l * torch.exp(m - m_new) + torch.exp(s - m_new).sum(dim=-1, keepdim=True)
+            l = l * torch.exp(m - m_new) + s.sub_(m_new).exp_().sum(dim=-1, keepdim=True)   # s in place
             m = m_new
         out.append(m + torch.log(l))
     return torch.cat(out, dim=1).reshape(*lead, n_q, 1)
@@ -1421,9 +1423,11 @@ plt.show()
 
 # %% [markdown]
 # Under plain autograd the blocked forward pass keeps
-# {glue:text}`train_autograd_mib:.0f` MiB alive for the backward pass, about as much
-# as the naive computation ({glue:text}`train_naive_mib:.0f` MiB) or more, since every
-# block leaves several tensors behind. With the recomputing backward pass the whole
+# {glue:text}`train_autograd_mib:.0f` MiB alive for the backward pass: autograd saves
+# every block of weights it computed, $N^2$ numbers in all, so its memory grows as
+# $N^2$ like the naive computation's ({glue:text}`train_naive_mib:.0f` MiB, which keeps
+# both the scores and the weights). Tiling alone saved a constant factor, not the
+# square. With the recomputing backward pass the whole
 # training step needs {glue:text}`train_flash_mib:.0f` MiB: the inputs, the output,
 # the gradients and a few blocks. The price is time: the backward pass recomputes
 # every block of scores, about a third more arithmetic, which is cheap next to moving
