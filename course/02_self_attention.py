@@ -20,14 +20,23 @@
 # - tell self-attention from cross-attention, show that self-attention ignores the
 #   order of its inputs, and count what it costs as the sequence grows.
 #
+# **Prerequisites.** Chapter 1 (alignment scores, the masked softmax, the dot score and
+# the idea of a context as a weighted average). PyTorch tensors: matrix products with
+# `@`, broadcasting, `nn.Linear`. A little probability: mean and variance of a sum of
+# independent variables.
+#
+# **Time.** About 2 hours: an hour for reading and the four exercises, the rest for the
+# experiments and the questions. The whole notebook runs on a laptop CPU in well under
+# a minute.
+#
 # **What you will build.** Four small pieces, each checked by tests:
 #
-# | exercise | what it does |
-# |---|---|
-# | `scaled_dot_product_attention(query, key, value, mask=None)` | the attention formula over any batch dimensions, with an optional mask |
-# | `causal_mask(n)` | the look-ahead mask of a decoder |
-# | `padding_mask(lengths, max_len)` | which positions of a padded batch are real tokens |
-# | `SelfAttention(d_model, d_k, d_v)` | a layer that projects its input to queries, keys and values and attends |
+# | exercise | what it does | difficulty | points |
+# |---|---|---|---|
+# | `scaled_dot_product_attention(query, key, value, mask=None)` | the attention formula over any batch dimensions, with an optional mask | ★★ | 4 |
+# | `causal_mask(n)` | the look-ahead mask of a decoder | ★ | 1 |
+# | `padding_mask(lengths, max_len)` | which positions of a padded batch are real tokens | ★ | 1 |
+# | `SelfAttention(d_model, d_k, d_v)` | a layer that projects its input to queries, keys and values and attends | ★★ | 4 |
 
 # %% [export]
 import math
@@ -40,6 +49,13 @@ import torch.nn.functional as F
 import time
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+try:                      # the book puts numbers from these cells into its text
+    from myst_nb import glue
+except ImportError:       # in plain Jupyter: just show them
+    def glue(name, value, display=True):
+        print(f"{name} = {value}")
 
 torch.set_printoptions(precision=4, sci_mode=False)
 
@@ -90,11 +106,78 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # to be the largest score in its row, so every token would mostly look at itself.
 # Separate projections let the model learn which features matter for matching (keys)
 # and which for passing on (values).
+#
+# The whole computation, which Sections 2 to 5 build step by step, fits in one picture:
+# three projections, one matrix of scores, an optional mask, a softmax over each row,
+# and a weighted sum of the values. The shapes are those of one sequence of $N$ tokens;
+# a batch adds a leading dimension $B$ everywhere.
+
+# %% [tags=hide-input]
+QKV_TEXT = dict(
+    title="Scaled dot-product self-attention, one sequence",
+    x="X\n(N, $d_{model}$)",
+    wq="$W^Q$", wk="$W^K$", wv="$W^V$",
+    q="Q = X$W^Q$\n(N, $d_k$)", k="K = X$W^K$\n(N, $d_k$)", v="V = X$W^V$\n(N, $d_v$)",
+    scores="scores $QK^\\top / \\sqrt{d_k}$\n(N, N)",
+    mask="mask: $-\\infty$ where not allowed\n(N, N), optional",
+    softmax="softmax over each row\nweights A  (N, N), rows sum to 1",
+    out="output A V\n(N, $d_v$)",
+    transpose="$K^\\top$",
+)
+
+
+def draw_self_attention_diagram(text=QKV_TEXT):
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ax.set_xlim(0, 10.4)
+    ax.set_ylim(0.35, 4.95)
+    ax.axis("off")
+    colors = dict(io="#dcdcdc", proj="#f4c2c2", qkv="#c9d7f2", attn="#f6d8a8", mask="#eeeeee",
+                  out="#bfe3c0")
+
+    def box(x, y, w, h, label, color, size=9, ls="-"):
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.04",
+                                    fc=color, ec="black", lw=0.8, ls=ls))
+        ax.text(x, y, label, ha="center", va="center", fontsize=size)
+
+    def arrow(x0, y0, x1, y1, label=None, color="black"):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=11,
+                                     color=color, lw=1.0))
+        if label:
+            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, label, ha="center", va="bottom", fontsize=9)
+
+    ys = dict(q=4.2, k=2.6, v=1.0)
+    box(0.8, 2.6, 1.3, 0.8, text["x"], colors["io"])
+    for name in ("q", "k", "v"):
+        y = ys[name]
+        arrow(1.5, 2.6, 2.7, y, label=None)
+        ax.text(2.05, (2.6 + y) / 2 + (0.15 if y >= 2.6 else -0.15), text["w" + name], ha="center",
+                va="center", fontsize=9, bbox=dict(fc=colors["proj"], ec="black", lw=0.6,
+                                                   boxstyle="round,pad=0.2"))
+        box(3.45, y, 1.5, 0.75, text[name], colors["qkv"])
+    box(5.6, 3.4, 2.2, 0.75, text["scores"], colors["attn"])
+    arrow(4.2, ys["q"], 4.5, 3.55)
+    arrow(4.2, ys["k"], 4.5, 3.25)
+    ax.text(4.5, 2.9, text["transpose"], fontsize=8.5, ha="left", va="top")
+    box(5.6, 2.0, 2.6, 0.75, text["mask"], colors["mask"], size=8.5, ls="--")
+    arrow(5.6, 2.38, 5.6, 3.02)
+    box(8.3, 3.4, 2.6, 0.75, text["softmax"], colors["attn"], size=8.5)
+    arrow(6.7, 3.4, 7.0, 3.4)
+    box(8.3, 1.0, 1.8, 0.75, text["out"], colors["out"])
+    arrow(8.3, 3.02, 8.3, 1.38)
+    arrow(4.2, ys["v"], 7.4, 1.0)
+    ax.set_title(text["title"], fontsize=11)
+    return fig
+
+
+draw_self_attention_diagram()
+plt.show()
 
 # %% [markdown]
 # ## 2. A worked example by hand: "Thinking Machines"
 #
-# Take a two-token sequence with $d_\text{model} = d_k = d_v = 4$:
+# The two-word sentence "Thinking Machines" is the running example of Jay Alammar's
+# *The Illustrated Transformer* (2018), which draws the vectors as coloured boxes. Here
+# we give it numbers. Take a two-token sequence with $d_\text{model} = d_k = d_v = 4$:
 #
 # $$x_1 = [1, 0, 1, 0] \ \text{("Thinking")}, \qquad x_2 = [0, 2, 0, 2] \ \text{("Machines")},$$
 #
@@ -153,9 +236,12 @@ scaled = torch.stack([s11, s12]) / math.sqrt(d_k)
 alpha1 = torch.softmax(scaled, dim=-1)
 print("scaled scores:", scaled.tolist())
 print("weights      :", [round(a, 4) for a in alpha1.tolist()])
+glue("tm_a11", alpha1[0].item(), display=False)
+glue("tm_a12", alpha1[1].item(), display=False)
+glue("tm_a12_pct", 100 * alpha1[1].item(), display=False)
 
 # %% [markdown]
-# "Thinking" puts about 97% of its attention on "Machines": its query lines up much
+# "Thinking" puts {glue:text}`tm_a12_pct:.0f`% of its attention on "Machines": its query lines up much
 # better with $k_2$ than with its own key.
 #
 # **Step 4: blend the values.** $z_1 = \alpha_{11} v_1 + \alpha_{12} v_2$.
@@ -165,13 +251,16 @@ z1 = alpha1[0] * V[0] + alpha1[1] * V[1]
 print("z1 =", z1)
 
 # %% [markdown]
-# ### A note on the source's numbers
+# ```{admonition} A widely copied version of this example has wrong numbers
+# :class: warning
+# Numeric versions of the "Thinking Machines" example circulate in online tutorials.
+# One of them uses exactly the matrices above but prints different intermediate values.
+# Every one of them can be checked in a line of code, and several do not follow from
+# the matrices. The table compares that tutorial's values with ours; the cell after it
+# checks the claims that follow.
+# ```
 #
-# The seed article this example comes from prints different intermediate values. Every
-# one of them can be checked in a line of code, and several do not follow from the
-# matrices above:
-#
-# | quantity | article | recomputed |
+# | quantity | tutorial | recomputed |
 # |---|---|---|
 # | $q_1$ | $[2, 0, 2, 0]$ | $[2, 0, 1, 1]$ |
 # | $k_1$ | $[0, 2, 2, 0]$ | $[0, 1, 2, 1]$ |
@@ -180,24 +269,30 @@ print("z1 =", z1)
 # | $v_1,\ v_2$ | $[1,1,1,1],\ [2,2,2,2]$ | same |
 # | $q_1\cdot k_1,\ q_1 \cdot k_2$ | $4,\ 16$ | $3,\ 10$ |
 # | scaled | $2,\ 8$ | $1.5,\ 5$ |
-# | softmax | $[0.012, 0.988]$ | $[0.029, 0.971]$ |
+# | softmax | $[0.012, 0.988]$ | [{glue:text}`tm_a11:.3f`, {glue:text}`tm_a12:.3f`] |
 # | $z_1$ | $\approx [1.97, 1.97, 1.97, 1.97]$ | $\approx [1.97, 1.97, 1.97, 1.97]$ |
 #
-# The article's softmax is also off on its own terms: $\mathrm{softmax}([2, 8])
-# \approx [0.0025, 0.9975]$, not $[0.012, 0.988]$. And its final $z_1$ agrees with ours
-# only by coincidence. Because $v_2 = 2 v_1$, every component of $z_1$ equals
-# $\alpha_{11} + 2\alpha_{12} = 1 + \alpha_{12}$, so $z_1$ is fixed by a single weight.
-# The article's weights would give $1.988$ (or $1.9975$ with its softmax done right);
-# $1.97$ is what the *correct* weight $\alpha_{12} \approx 0.971$ gives. The cell below
-# checks each of these claims.
+# The tutorial's softmax is also off on its own terms: $\mathrm{softmax}([2, 8])$ is
+# about [{glue:text}`sm28_lo:.4f`, {glue:text}`sm28_hi:.4f`], not $[0.012, 0.988]$. And
+# its final $z_1$ agrees with ours only by coincidence. Because $v_2 = 2 v_1$, every
+# component of $z_1$ equals $\alpha_{11} + 2\alpha_{12} = 1 + \alpha_{12}$, so $z_1$ is
+# fixed by a single weight. The tutorial's weights would give $1.988$ (or
+# {glue:text}`sm28_z:.4f` with its softmax done right); {glue:text}`tm_z1:.2f` is what
+# the *correct* weight $\alpha_{12} \approx$ {glue:text}`tm_a12:.3f` gives. The cell
+# below checks each of these claims.
 
 # %%
 print("softmax([2, 8])          =", torch.softmax(torch.tensor([2., 8.]), dim=-1))
 print("0.012*v1 + 0.988*v2      =", 0.012 * V[0] + 0.988 * V[1])
 print("1 + alpha_12 (recomputed) =", 1 + alpha1[1].item())
+sm28 = torch.softmax(torch.tensor([2., 8.]), dim=-1)
+glue("sm28_lo", sm28[0].item(), display=False)
+glue("sm28_hi", sm28[1].item(), display=False)
+glue("sm28_z", 1 + sm28[1].item(), display=False)
+glue("tm_z1", 1 + alpha1[1].item(), display=False)
 
 # %% [markdown]
-# Worked examples in articles, slides and even papers contain slips like these. Checking
+# Worked examples in tutorials, slides and even papers contain slips like these. Checking
 # them with a few lines of code is a habit worth keeping.
 #
 # ### All queries at once: the matrix form
@@ -223,11 +318,15 @@ S = Q @ K.T / math.sqrt(d_k)        # (2, 2) scaled scores
 A = torch.softmax(S, dim=-1)        # (2, 2) weights, rows sum to 1
 Z = A @ V                           # (2, 4) outputs
 print("scores:\n", S, "\nweights:\n", A, "\noutputs:\n", Z)
+glue("tm_a21", A[1, 0].item(), display=False)
+glue("tm_a22", A[1, 1].item(), display=False)
+glue("tm_z2", Z[1, 0].item(), display=False)
 
 # %% [markdown]
 # Row 1 reproduces $z_1$. Row 2 is the new "Machines": its scores are $q_2 \cdot k_1 = 10$
 # and $q_2 \cdot k_2 = 12$, scaled to $5$ and $6$, giving weights of about
-# $[0.27, 0.73]$ and $z_2 \approx [1.73, 1.73, 1.73, 1.73]$.
+# [{glue:text}`tm_a21:.2f`, {glue:text}`tm_a22:.2f`], and every component of $z_2$ is
+# about {glue:text}`tm_z2:.2f`.
 
 # %% [markdown]
 # ## 3. Exercise: scaled dot-product attention
@@ -235,22 +334,26 @@ print("scores:\n", S, "\nweights:\n", A, "\noutputs:\n", Z)
 # Now write the formula as a function that works on whole batches. Real inputs carry
 # extra leading dimensions, for the batch and later (Chapter 3) for attention heads, so
 # the function takes `query (..., N_q, d_k)`, `key (..., N_k, d_k)` and
-# `value (..., N_k, d_v)`. PyTorch makes this painless:
-#
-# - `torch.matmul` (the `@` operator) multiplies the last two dimensions and broadcasts
-#   all the others, so `query @ key.transpose(-2, -1)` has shape `(..., N_q, N_k)`;
-# - `torch.softmax(scores, dim=-1)` normalises over the last dimension, the keys;
-# - `weights @ value` has shape `(..., N_q, d_v)`.
+# `value (..., N_k, d_v)`, and must work for any number of leading dimensions, including
+# none.
 #
 # The optional `mask` says which keys each query may look at; Section 5 is all about
 # it. The convention is that of PyTorch's own `F.scaled_dot_product_attention`:
 # **True means "may attend"**. Where the mask is False, the score is replaced by
 # $-\infty$ before the softmax, so its weight $e^{-\infty}$ is exactly 0 and the
-# remaining weights still sum to 1. `scores.masked_fill(~mask, float("-inf"))` does this
-# in one call and, unlike `masked_fill_` with an underscore, returns a new tensor
-# instead of overwriting one. The mask only needs to *broadcast* to `(..., N_q, N_k)`:
-# an `(N_q, N_k)` mask applies to every batch element, a `(B, 1, N_k)` mask to every
-# query of its batch element.
+# remaining weights still sum to 1, exactly as in Chapter 1's `masked_softmax`. The
+# mask only needs to *broadcast* to `(..., N_q, N_k)`: an `(N_q, N_k)` mask applies to
+# every batch element, a `(B, 1, N_k)` mask to every query of its batch element.
+#
+# :::{dropdown} Hint: the PyTorch calls
+# - `torch.matmul` (the `@` operator) multiplies the last two dimensions and broadcasts
+#   all the others, so `query @ key.transpose(-2, -1)` has shape `(..., N_q, N_k)`
+#   (`key.T` would reverse *all* dimensions of a batched tensor);
+# - `scores.masked_fill(~mask, float("-inf"))` fills the forbidden scores and, unlike
+#   `masked_fill_` with an underscore, returns a new tensor instead of overwriting one;
+# - `torch.softmax(scores, dim=-1)` normalises over the last dimension, the keys;
+# - `weights @ value` has shape `(..., N_q, d_v)`.
+# :::
 
 # %% [exercise scaled_dot_product_attention]
 def scaled_dot_product_attention(query, key, value, mask=None):
@@ -414,9 +517,10 @@ plt.show()
 # %% [markdown]
 # ## 4. Why divide by $\sqrt{d_k}$?
 #
-# Suppose the components of $q$ and $k$ are independent with mean 0 and variance 1,
-# roughly what layer normalisation and a standard initialisation give at the start of
-# training. Each product $q_i k_i$ then has mean 0 and variance
+# Suppose the components of $q$ and $k$ are independent with mean 0 and variance 1.
+# (This is the convenient case for the algebra, not exactly what a freshly initialised
+# layer gives: part (a) ends by measuring that, and by showing why the conclusion does
+# not depend on it.) Each product $q_i k_i$ then has mean 0 and variance
 # $\mathbb{E}[q_i^2]\,\mathbb{E}[k_i^2] = 1$, and the $d_k$ products are independent, so
 #
 # $$\mathbb{E}[q \cdot k] = 0, \qquad \mathrm{Var}[q \cdot k] = \sum_{i=1}^{d_k} \mathrm{Var}[q_i k_i] = d_k .$$
@@ -456,6 +560,41 @@ plt.show()
 # The measurements sit on the line $\mathrm{Var} = d_k$, and the scaled scores stay at
 # variance 1.
 #
+# **What an initialised layer gives.** Layer normalisation (Chapter 5) does hand the
+# attention layer token vectors whose features have mean 0 and variance 1. But
+# `nn.Linear`'s default initialisation draws each weight uniformly from
+# $[-1/\sqrt{d_\text{model}},\ 1/\sqrt{d_\text{model}}]$, a variance of
+# $1/(3\, d_\text{model})$. A component of $q = x W^Q$ sums $d_\text{model}$ such
+# products, so its variance is about $d_\text{model} \cdot 1/(3\, d_\text{model}) = 1/3$,
+# not 1, and the same holds for $k$. We measure it for $d_\text{model} = 512$ and
+# $d_k = 64$, pairing the query of each token with the key of another.
+
+# %%
+torch.manual_seed(0)
+tokens = F.layer_norm(torch.randn(4096, 512), (512,))       # (4096, d_model): each token mean 0, variance 1
+init_W_q, init_W_k = nn.Linear(512, 64), nn.Linear(512, 64)  # PyTorch's default initialisation
+with torch.no_grad():
+    q0, k0 = init_W_q(tokens), init_W_k(tokens)              # (4096, d_k = 64)
+    score0 = (q0 * k0.roll(1, dims=0)).sum(-1) / math.sqrt(64)   # (4096,) scaled scores of distinct pairs
+print(f"variance of the input features   {tokens.var().item():.3f}")
+print(f"variance of the query components {q0.var().item():.3f}")
+print(f"variance of the key components   {k0.var().item():.3f}")
+print(f"variance of q.k / sqrt(d_k)      {score0.var().item():.3f}")
+glue("init_var_q", q0.var().item(), display=False)
+glue("init_var_k", k0.var().item(), display=False)
+glue("init_score_var", score0.var().item(), display=False)
+
+# %% [markdown]
+# The query and key components have variances of {glue:text}`init_var_q:.3f` and
+# {glue:text}`init_var_k:.3f`, and the scaled scores {glue:text}`init_score_var:.3f`,
+# close to $(1/3)^2 = 1/9$. The argument needs only the general rule: with component
+# variances $\sigma_q^2$ and $\sigma_k^2$,
+# $\mathrm{Var}[q \cdot k] = d_k\, \sigma_q^2 \sigma_k^2$. The constant changes with the
+# initialisation; the growth in proportion to $d_k$ does not, and dividing by
+# $\sqrt{d_k}$ removes it whatever the constant. (At initialisation the scaled scores are
+# even smaller than 1, so the softmax starts out flatter; training then grows or shrinks
+# $W^Q$ and $W^K$ as it needs.)
+#
 # **(b) Large scores saturate the softmax.** The softmax does not care about adding a
 # constant to all scores, but it does care about *multiplying* them: a factor $c$ acts
 # like an inverse temperature, and as $c$ grows the softmax turns into an argmax. Raw
@@ -487,6 +626,10 @@ for i, d in enumerate(sat_dims):
     print(f"d_k={d:5d}  {stats['raw']['max'][i]:.3f}   {stats['scaled']['max'][i]:.3f}"
           f"        {stats['raw']['entropy'][i]:.2f}   {stats['scaled']['entropy'][i]:.2f}"
           f"        {stats['raw']['jac'][i]:.3f}   {stats['scaled']['jac'][i]:.3f}")
+glue("sat_raw_max", stats["raw"]["max"][-1], display=False)
+glue("sat_raw_entropy", stats["raw"]["entropy"][-1], display=False)
+glue("sat_scaled_max", stats["scaled"]["max"][-1], display=False)
+glue("sat_jac_ratio", stats["scaled"]["jac"][-1] / stats["raw"]["jac"][-1], display=False)
 
 # %% [tags=hide-input]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -505,8 +648,10 @@ plt.show()
 
 # %% [markdown]
 # Without scaling the attention collapses onto a single key as $d_k$ grows: at
-# $d_k = 1024$ the largest weight averages above 0.95 and the entropy is close to 0.
-# With scaling, the distribution looks the same at every width.
+# $d_k = 1024$ the largest weight averages {glue:text}`sat_raw_max:.3f` and the entropy
+# is {glue:text}`sat_raw_entropy:.2f` nats, close to 0. With scaling, the distribution
+# looks the same at every width (largest weight {glue:text}`sat_scaled_max:.3f` at
+# $d_k = 1024$).
 #
 # **(c) Saturation kills the gradient.** Training adjusts the scores through the
 # softmax's Jacobian, $\partial p_i / \partial z_j = p_i(\delta_{ij} - p_j)$. For a
@@ -528,8 +673,9 @@ plt.show()
 # %% [markdown]
 # At $d_k = 4$ the raw scores are still small (standard deviation 2) and both curves
 # start at the same level. From there the unscaled Jacobian shrinks steadily with the
-# width: by a factor of about 6 at $d_k = 1024$ in the table above, and that average
-# hides many rows where it is essentially zero. Scaled, it stays constant. That is the whole argument of the
+# width: at $d_k = 1024$ it is {glue:text}`sat_jac_ratio:.1f` times smaller than the
+# scaled one in the table above, and that average hides many rows where it is
+# essentially zero. Scaled, it stays constant. That is the whole argument of the
 # original Transformer paper for the factor $1/\sqrt{d_k}$: it keeps the softmax in the
 # region where it still has a useful gradient, independently of $d_k$. The model can
 # still learn sharper or flatter attention later, by growing or shrinking the norms of
@@ -567,8 +713,13 @@ plt.show()
 #
 # ### Exercise: the causal mask
 #
+# Write the look-ahead mask for a sequence of length $n$: a boolean $n \times n$ matrix,
+# True where $j \le i$.
+#
+# :::{dropdown} Hint: a lower triangle
 # `torch.tril` keeps the lower triangle (diagonal included) of a matrix;
 # `torch.ones(n, n, dtype=torch.bool)` is a good matrix to start from.
+# :::
 
 # %% [exercise causal_mask]
 def causal_mask(n):
@@ -606,8 +757,14 @@ assert torch.equal(causal_mask(7), torch.ones(7, 7).tril().bool()), "causal_mask
 # %% [markdown]
 # ### Exercise: the padding mask
 #
+# Given the true length of every sequence of a batch, mark the real tokens: position
+# $j$ of sequence $b$ is real when $j < \text{lengths}[b]$ (positions count from 0).
+# One comparison, without a loop, does it.
+#
+# :::{dropdown} Hint: broadcasting a comparison
 # Compare a row of positions `torch.arange(max_len)` with a column of lengths: with
 # shapes `(1, max_len)` and `(B, 1)`, the comparison `<` broadcasts to `(B, max_len)`.
+# :::
 
 # %% [exercise padding_mask]
 def padding_mask(lengths, max_len):
@@ -752,7 +909,9 @@ plt.show()
 #   `torch.finfo(scores.dtype).min` is a "large negative" that is safe for any dtype.
 #
 # Neither corner case is part of this chapter's exercise: with sensible masks every
-# row has at least one allowed key.
+# row has at least one allowed key. The cell below shows both, and then what your
+# `scaled_dot_product_attention` and PyTorch's built-in do with a query that may attend
+# to nothing.
 
 # %%
 scores = torch.tensor([[0.5, 1.0, -0.3],
@@ -767,12 +926,29 @@ except RuntimeError as err:
     print("fill -1e9 in float16:", err)
 print("fill finfo.min in float16:",
       torch.softmax(scores.half().masked_fill(~row_mask, torch.finfo(torch.float16).min).float(), dim=-1))
-# What does PyTorch's fused kernel do? (The answer has changed between versions.)
-qq = torch.randn(1, 2, 4)
-kk = torch.randn(1, 3, 4)
-vv = torch.randn(1, 3, 4)
-print("F.scaled_dot_product_attention, fully masked row:\n",
-      F.scaled_dot_product_attention(qq, kk, vv, attn_mask=row_mask[None])[0, 1])
+qq = torch.randn(1, 2, 4)   # (B, N_q = 2, d_k): the second query has no allowed key
+kk = torch.randn(1, 3, 4)   # (B, N_k = 3, d_k)
+vv = torch.randn(1, 3, 4)   # (B, N_k = 3, d_v)
+ours, ours_w = scaled_dot_product_attention(qq, kk, vv, mask=row_mask[None])
+builtin = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=row_mask[None])
+print("yours, output of the fully masked query:   ", ours[0, 1])
+print("built-in, output of the fully masked query:", builtin[0, 1])
+glue("torch_version", torch.__version__.split("+")[0], display=False)
+
+# %% [markdown]
+# The first two lines show the two fills on the second query, which may attend to
+# nothing: $-\infty$ gives NaN weights, $-10^9$ uniform ones. The last two lines
+# disagree, and both are deliberate. Your function, like the formula, takes a softmax
+# over a row of $-\infty$ and returns NaN for that query. PyTorch's built-in returns a
+# row of zeros (this book was built with PyTorch {glue:text}`torch_version`): since
+# version 2.5, `F.scaled_dot_product_attention` uses a "safe" softmax that gives every
+# key of a fully masked row a weight of 0, so the query receives nothing, and the output
+# and the gradients stay finite (earlier versions returned NaN, like the formula). For
+# a batch in which some rows are legitimately empty, for instance padded queries under a
+# padding mask on both sides, zeros are the practical choice: those outputs are ignored
+# by the loss anyway, and NaN would poison the whole batch. For this chapter we keep the
+# plain formula. A fully masked row there is a bug in the mask, and a NaN makes the bug
+# loud instead of hiding it behind zeros.
 
 # %% [markdown]
 # ## 6. A self-attention layer
@@ -994,7 +1170,10 @@ print("weights permute rows and columns:", torch.allclose(w_p, w[:, perm][:, :, 
 # %% [markdown]
 # ## 8. What self-attention costs
 #
-# For a sequence of $N$ tokens, one self-attention layer does
+# We count work in floating-point operations (FLOPs) and count one multiply-add, the
+# unit of a matrix product, as **2 FLOPs**: a multiplication and an addition. A product
+# of an $(n \times m)$ and an $(m \times p)$ matrix is then $2nmp$ FLOPs. (Chapter 3
+# counts the same way.) For a sequence of $N$ tokens, one self-attention layer does
 #
 # | step | multiply-adds $\times 2$ = FLOPs | memory for the result |
 # |---|---|---|
@@ -1017,10 +1196,11 @@ for n in [128, 512, 2_048, 8_192, 32_768, 131_072]:
     core = 2 * n * n * d_head + 5 * n * n + 2 * n * n * d_head
     mem = n * n * 4
     print(f"{n:7d} {proj / 1e9:10.2f} GF {core / 1e9:12.2f} GF {mem / 2**20:14.1f} MiB")
+glue("weights_gib_max", mem / 2**30, display=False)
 
 # %% [markdown]
 # At 131,072 tokens the weight matrix of a *single* head of a *single* sequence needs
-# 64 GiB. Now let us time your function. We use one sequence, $d_k = d_v = 64$, and
+# {glue:text}`weights_gib_max:.0f` GiB. Now let us time your function. We use one sequence, $d_k = d_v = 64$, and
 # take the best of several runs to reduce noise.
 
 # %%
@@ -1044,6 +1224,7 @@ slope = torch.linalg.lstsq(
                  torch.ones(len(ns) - 2, dtype=torch.float64)], dim=1),
     torch.log(torch.tensor(times[2:], dtype=torch.float64))[:, None]).solution[0].item()
 print(f"fitted log-log slope for N >= {ns[2]}: {slope:.2f}")
+glue("attn_slope", slope, display=False)
 
 # %% [tags=hide-input]
 fig, ax = plt.subplots(figsize=(5, 3.8))
@@ -1060,11 +1241,88 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# For short sequences fixed overheads dominate and the curve is flatter; for longer ones
-# it approaches the slope-2 guide: doubling the sequence roughly quadruples the time.
-# Exact numbers depend on your machine. This quadratic wall is what the efficient
+# The arithmetic grows exactly as $N^2$, a slope of 2 on this plot: doubling the
+# sequence quadruples the work. The time measured when this book was built grew with a
+# fitted slope of {glue:text}`attn_slope:.2f` from $N = 512$ on. Measured times can grow
+# more slowly than the work, for short sequences where fixed overheads dominate, or
+# faster, once the $N \times N$ matrices no longer fit in the processor's caches and
+# every operation waits longer for memory. Exact numbers depend on your machine (and, on
+# a shared one, on what else it is doing). This quadratic wall is what the efficient
 # attention variants of Chapter 6 attack, either by computing fewer scores (sparse and
 # low-rank attention) or by never storing the $N \times N$ matrix (FlashAttention).
+#
+# ## Check your understanding
+#
+# 1. In a self-attention layer with $d_\text{model} = 512$, $d_k = 64$ and $d_v = 32$,
+#    what are the shapes of $W^Q$, $W^V$, the weights and the output, for a batch of 8
+#    sequences of 100 tokens?
+#
+#    :::{dropdown} Answer
+#    $W^Q$ is $512 \times 64$ and $W^V$ is $512 \times 32$ (in `nn.Linear`, stored
+#    transposed: `weight` of shape $(64, 512)$ and $(32, 512)$). The weights are
+#    $(8, 100, 100)$, one distribution over the 100 keys for each query, and the output
+#    is $(8, 100, 32)$: its width is $d_v$, not $d_k$.
+#    :::
+#
+# 2. Why is the scale $1/\sqrt{d_k}$ and not $1/d_k$? What goes wrong with each choice
+#    when $d_k$ is large?
+#
+#    :::{dropdown} Answer
+#    If the components of $q$ and $k$ have a fixed variance, $q \cdot k$ has a variance
+#    proportional to $d_k$, so a standard deviation proportional to $\sqrt{d_k}$:
+#    dividing by $\sqrt{d_k}$ keeps the scores at the same size for every width. Without
+#    the scale the scores grow, the softmax saturates and its gradient vanishes. With
+#    $1/d_k$ they shrink like $1/\sqrt{d_k}$, and the weights tend to be uniform: the
+#    layer starts out unable to prefer any key.
+#    :::
+#
+# 3. A decoder processes a padded batch. Which mask does it need, of which shape, and
+#    why would multiplying the weights by the mask after the softmax be wrong?
+#
+#    :::{dropdown} Answer
+#    The causal mask $(N, N)$ combined with the key padding mask $(B, 1, N)$, by `&`,
+#    which broadcasts to $(B, N, N)$. Zeroing weights after the softmax leaves rows that
+#    no longer sum to 1; filling the scores with $-\infty$ before it gives the forbidden
+#    keys weight 0 *and* renormalises the rest.
+#    :::
+#
+# 4. Your `scaled_dot_product_attention` and PyTorch's built-in disagree on one kind of
+#    input. Which, and what does each return?
+#
+#    :::{dropdown} Answer
+#    A query whose mask row is entirely False. The formula takes a softmax over a row of
+#    $-\infty$ and gives NaN (your function); PyTorch's built-in, since version 2.5,
+#    gives that query weights of 0 and an output of zeros. With $-10^9$ instead of
+#    $-\infty$ the weights would be uniform.
+#    :::
+#
+# 5. Why does the bias of `W_k` always get a zero gradient, while the bias of `W_q`
+#    does not?
+#
+#    :::{dropdown} Answer
+#    A key bias $b$ adds $q_i \cdot b / \sqrt{d_k}$ to *every* score of query $i$, the
+#    same constant across its row, and the softmax is unchanged by a constant added to a
+#    row. A query bias adds $b \cdot k_j / \sqrt{d_k}$, which varies with the key $j$,
+#    and so changes the weights.
+#    :::
+#
+# ## Challenges (optional, not graded)
+#
+# - **Additive scores in self-attention.** Replace the dot product by Chapter 1's
+#   additive score, $e_{ij} = v^\top \tanh(W q_i + U k_j)$, for all pairs at once
+#   (broadcast to a $(B, N, N, d_a)$ tensor). Compare its cost in time and memory with
+#   the dot-product version as $N$ grows, and explain why Transformers use the dot
+#   product.
+# - **Saturation at initialisation.** Repeat the saturation experiment of Section 4(b)
+#   with queries and keys produced by freshly initialised `nn.Linear` layers from
+#   LayerNorm-ed tokens, for $d_k \in \{16, 64, 256, 1024\}$, with and without the
+#   $1/\sqrt{d_k}$ scale. How large must $d_k$ be before the unscaled softmax saturates?
+# - **Learned temperature.** Replace $1/\sqrt{d_k}$ by a learned scalar initialised
+#   to it, train a small layer on a task of your choice (for example, each token must
+#   output the value of the token most similar to it), and plot how the scalar moves.
+# - **A fast path.** Write `scaled_dot_product_attention` in terms of
+#   `F.scaled_dot_product_attention` (remember that it returns no weights) and time
+#   both for $N$ up to 4096. Where does the difference come from?
 #
 # ## Summary
 #
@@ -1074,15 +1332,19 @@ plt.show()
 # - In self-attention, $Q = XW^Q$, $K = XW^K$, $V = XW^V$ all come from the same
 #   sequence, and $\mathrm{Attention}(Q,K,V) = \mathrm{softmax}(QK^\top/\sqrt{d_k})V$
 #   maps $(N_q, d_k), (N_k, d_k), (N_k, d_v)$ to $(N_q, d_v)$, over any batch
-#   dimensions.
-# - Raw dot products have variance $d_k$; dividing by $\sqrt{d_k}$ keeps the softmax
-#   out of saturation, where its gradient vanishes.
+#   dimensions. Checked by hand on "Thinking Machines", the computation also exposed
+#   wrong numbers in a widely copied version of that example.
+# - Raw dot products have variance proportional to $d_k$ ($d_k$ itself for unit-variance
+#   components; about $d_k/9$ with PyTorch's default initialisation); dividing by
+#   $\sqrt{d_k}$ keeps the softmax out of saturation, where its gradient vanishes.
 # - Masks are boolean, True = may attend; masked scores become $-\infty$ before the
 #   softmax. Padding masks hide keys that do not exist, causal masks hide the future;
-#   combine them with `&` and shape them to broadcast, e.g. $(B, 1, N_k)$.
+#   combine them with `&` and shape them to broadcast, e.g. $(B, 1, N_k)$. A fully
+#   masked row gives NaN in the formula and zeros in PyTorch's built-in.
 # - Cross-attention takes queries from one sequence and keys and values from another.
 # - Self-attention is permutation equivariant, so order must be supplied separately;
-#   and its cost grows as $N^2$ in time and memory.
+#   and its cost grows as $N^2$ in time and memory (counting a multiply-add as 2 FLOPs,
+#   $4N^2 d$ for the attention core).
 #
 # ## What's next
 #
@@ -1090,6 +1352,38 @@ plt.show()
 # pattern of relevance at a time. In Chapter 3 we run several attentions side by side
 # on smaller slices of the model width, *multi-head attention*, so that one head can
 # track syntax while another tracks reference, at the same total cost.
+#
+# ## References
+#
+# - Vaswani, A., Shazeer, N., Parmar, N., Uszkoreit, J., Jones, L., Gomez, A. N.,
+#   Kaiser, Ł. and Polosukhin, I. (2017). Attention Is All You Need. *Advances in
+#   Neural Information Processing Systems 30*. <https://arxiv.org/abs/1706.03762>
+# - Alammar, J. (2018). The Illustrated Transformer.
+#   <https://jalammar.github.io/illustrated-transformer/> (the "Thinking Machines"
+#   example).
+# - Cheng, J., Dong, L. and Lapata, M. (2016). Long Short-Term Memory-Networks for
+#   Machine Reading. *EMNLP 2016*. <https://arxiv.org/abs/1601.06733>
+# - Lin, Z., Feng, M., dos Santos, C. N., Yu, M., Xiang, B., Zhou, B. and Bengio, Y.
+#   (2017). A Structured Self-attentive Sentence Embedding. *ICLR 2017*.
+#   <https://arxiv.org/abs/1703.03130>
+# - Parikh, A., Täckström, O., Das, D. and Uszkoreit, J. (2016). A Decomposable
+#   Attention Model for Natural Language Inference. *EMNLP 2016*.
+#   <https://arxiv.org/abs/1606.01933>
+# - Bahdanau, D., Cho, K. and Bengio, Y. (2015). Neural Machine Translation by Jointly
+#   Learning to Align and Translate. *ICLR 2015*. <https://arxiv.org/abs/1409.0473>
+# - Luong, M.-T., Pham, H. and Manning, C. D. (2015). Effective Approaches to
+#   Attention-based Neural Machine Translation. *EMNLP 2015*.
+#   <https://arxiv.org/abs/1508.04025>
+# - Rush, A. (2018). The Annotated Transformer. *Proceedings of Workshop for NLP Open
+#   Source Software*. <https://nlp.seas.harvard.edu/annotated-transformer/>
+# - Zhang, A., Lipton, Z. C., Li, M. and Smola, A. J. (2023). *Dive into Deep
+#   Learning*, chapter 11, Attention Mechanisms and Transformers. Cambridge University
+#   Press. <https://d2l.ai/chapter_attention-mechanisms-and-transformers/>
+# - PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention`.
+#   <https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html>
+# - Guessous, D. (2024). Add a private `_safe_softmax`. PyTorch pull request #131060,
+#   the change that makes `scaled_dot_product_attention` return zeros for fully masked
+#   rows. <https://github.com/pytorch/pytorch/pull/131060>
 
 # %% [hidden]
 import math

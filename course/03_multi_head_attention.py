@@ -6,7 +6,9 @@
 # more than one thing from its context at the same time, though. This chapter runs
 # several attentions side by side, each on its own slice of the model width, and joins
 # their results: *multi-head attention*, the form in which attention appears in every
-# Transformer.
+# Transformer. The layer you build here is the attention of every model in the rest of
+# the course: the encoder and decoder of Chapter 5, the long-sequence variants of
+# Chapter 6, and GPT-2 in Chapter 7.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -23,13 +25,21 @@
 # - draw the weights of each head, and watch heads specialise in a model trained in
 #   a few seconds.
 #
+# **Prerequisites.** Chapter 2 (scaled dot-product attention, boolean masks, cross-
+# attention). Matrix products, and tensor shapes in PyTorch: `view`, `transpose` and
+# broadcasting over leading dimensions.
+#
+# **Time.** About 2 hours: an hour for the reading and the three exercises, the rest
+# for the experiments and the questions. The whole notebook runs in well under a minute
+# on a laptop CPU (the three small models of Section 7 train in about ten seconds).
+#
 # **What you will build.**
 #
-# | exercise | what it does |
-# |---|---|
-# | `split_heads(x, num_heads)` | `(B, N, h*d)` → `(B, h, N, d)`: give every head its own slice of the features |
-# | `merge_heads(x)` | `(B, h, N, d)` → `(B, N, h*d)`: concatenate the heads again, in order |
-# | `MultiHeadAttention(d_model, num_heads)` | project, split, attend in every head at once, merge, project with $W^O$ |
+# | exercise | what it does | difficulty | points |
+# |---|---|---|---|
+# | `split_heads(x, num_heads)` | `(B, N, h*d)` → `(B, h, N, d)`: give every head its own slice of the features | ★ | 1 |
+# | `merge_heads(x)` | `(B, h, N, d)` → `(B, N, h*d)`: concatenate the heads again, in order | ★ | 1 |
+# | `MultiHeadAttention(d_model, num_heads)` | project, split, attend in every head at once, merge, project with $W^O$ | ★★ | 8 |
 
 # %% [export]
 import math
@@ -65,6 +75,13 @@ def scaled_dot_product_attention(query, key, value, mask=None):
 import time
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+try:                      # the book puts numbers from these cells into its text
+    from myst_nb import glue
+except ImportError:       # in plain Jupyter: just show them
+    def glue(name, value, display=True):
+        print(f"{name} = {value}")
 
 torch.set_printoptions(precision=4, sci_mode=False)
 torch.set_num_threads(1)   # the tensors in this chapter are tiny: one CPU thread is fastest
@@ -76,6 +93,7 @@ torch.set_num_threads(1)   # the tensors in this chapter are tiny: one CPU threa
 #
 # > The animal didn't cross the street because it was too tired.
 #
+# (The example is Jay Alammar's, from *The Illustrated Transformer*, 2018.)
 # To understand "it", a reader links it to "animal" (what "it" refers to) and to
 # "tired" (what is said about it). A single attention head gives "it" one row of
 # weights $\alpha_j$ and returns one blend $\sum_j \alpha_j v_j$. To take something from
@@ -178,10 +196,14 @@ print("per-head projections == slices of one big projection")
 # *columns* of $W^Q$ are *rows* of `weight`.)
 #
 # **Compute and memory.** The projections cost the same as for one wide head. In the
-# attention core every head computes $N_q \times N_k$ scores from $d_k$-dimensional
-# vectors, so the $h$ heads together cost $2 N_q N_k h d_k = 2 N_q N_k d_\text{model}$
-# multiply-adds, again the same. What grows is the memory for the weights: there are
-# now $h$ matrices of $N_q \times N_k$ instead of one.
+# attention core every head computes $N_q \times N_k$ scores, each a dot product of
+# $d_k$-dimensional vectors, and then as many blends of $d_k$-dimensional values. With
+# the counting of Chapter 2 (one multiply-add is 2 FLOPs), the scores of the $h$ heads
+# cost $N_q N_k h d_k = N_q N_k d_\text{model}$ multiply-adds, the blends as many, so the
+# core costs $2 N_q N_k d_\text{model}$ multiply-adds, that is
+# $4 N_q N_k d_\text{model}$ FLOPs: again the same as one head of width
+# $d_\text{model}$. What grows is the memory for the weights: there are now $h$
+# matrices of $N_q \times N_k$ instead of one.
 
 # %% [markdown]
 # ## 3. Splitting and merging heads
@@ -189,8 +211,94 @@ print("per-head projections == slices of one big projection")
 # We never build $h$ separate tensors. After the big projection, `(B, N, d_model)` is
 # regrouped so that the head index becomes a batch dimension: `(B, h, N, d_k)`. The
 # attention function of Chapter 2 multiplies the last two dimensions and broadcasts
-# the rest, so one call then runs every head of every sequence.
-#
+# the rest, so one call then runs every head of every sequence. The diagram follows
+# one layer from input to output: the shapes on the left, and on the right what happens
+# to the features of one sequence, coloured by the head they belong to.
+
+# %% [tags=hide-input]
+HEADS_TEXT = dict(
+    title="Multi-head attention: splitting the features into heads and merging them back",
+    x="input  (B, N, d_model)",
+    proj="W_q, W_k, W_v: one nn.Linear(d_model, d_model) each\n→ (B, N, d_model)",
+    view="view: cut each token's features into h pieces\n→ (B, N, h, d_k)",
+    transpose="transpose(1, 2): heads become a batch axis\n→ (B, h, N, d_k)",
+    attend="attention in every head at once, scaled by 1/√d_k\nweights (B, h, N_q, N_k) → output (B, h, N_q, d_k)",
+    merge="transpose(1, 2) → (B, N, h, d_k)\nreshape → (B, N, d_model)",
+    out="W_o: nn.Linear(d_model, d_model)\n→ output (B, N, d_model)",
+    split_heads="split_heads", merge_heads="merge_heads",
+    grid_in="one sequence: N tokens × d_model features",
+    grid_heads="h heads, each N × d_k:\nhead i gets features i·d_k … (i+1)·d_k − 1 of every token",
+    grid_out="heads concatenated in order, then mixed by W_o",
+    head="head {i}",
+    arrow_split="split_heads",
+    arrow_merge="attention in each head,\nthen merge_heads",
+)
+
+
+def draw_heads_diagram(text=HEADS_TEXT, n_tokens=3, n_heads=4, d_k=2):
+    fig, ax = plt.subplots(figsize=(11, 7))
+    ax.set_xlim(0, 11)
+    ax.set_ylim(0.2, 8.4)
+    ax.axis("off")
+    head_colors = ["#f4a582", "#92c5de", "#b8e186", "#c2a5cf", "#fdd49e", "#80cdc1"]
+
+    def box(x, y, w, h, label, color, size=8.5):
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.04",
+                                    fc=color, ec="black", lw=0.8))
+        ax.text(x, y, label, ha="center", va="center", fontsize=size)
+
+    def arrow(x0, y0, x1, y1, color="black"):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=10,
+                                     color=color, lw=1.0))
+
+    def grid(x0, y_top, rows, cols, color_of_col, cell=0.25):
+        for r in range(rows):
+            for c in range(cols):
+                ax.add_patch(plt.Rectangle((x0 + c * cell, y_top - (r + 1) * cell), cell, cell,
+                                           fc=color_of_col(c), ec="white", lw=1.0))
+
+    # left: the data flow, with the shape after every step
+    fx, fw = 3.1, 5.4
+    steps = [("x", 7.6, "#dcdcdc"), ("proj", 6.5, "#c9d7f2"), ("view", 5.4, "#f3f1a7"),
+             ("transpose", 4.3, "#f3f1a7"), ("attend", 3.2, "#f6d8a8"), ("merge", 2.05, "#bfe3c0"),
+             ("out", 0.9, "#c9d7f2")]
+    for key, y, color in steps:
+        box(fx, y, fw, 0.72, text[key], color)
+    for (_, y0, _), (_, y1, _) in zip(steps, steps[1:]):
+        arrow(fx, y0 - 0.4, fx, y1 + 0.4)
+    for label, y0, y1 in [(text["split_heads"], 4.0, 5.7), (text["merge_heads"], 1.75, 2.35)]:
+        ax.plot([0.3, 0.2, 0.2, 0.3], [y1, y1, y0, y0], color="#555555", lw=1.2)
+        ax.text(0.1, (y0 + y1) / 2, label, rotation=90, ha="right", va="center", fontsize=8.5,
+                family="monospace")
+
+    # right: the features of one sequence, coloured by head
+    cell, width = 0.25, n_heads * d_k * 0.25
+    gx = 8.9 - width / 2
+    by_head = lambda c: head_colors[(c // d_k) % len(head_colors)]
+    ax.text(8.9, 8.05, text["grid_in"], ha="center", fontsize=8.5)
+    grid(gx, 7.85, n_tokens, n_heads * d_k, by_head)
+    gap = 0.3
+    hx = 8.9 - (n_heads * d_k * cell + (n_heads - 1) * gap) / 2
+    ax.text(8.9, 5.45, text["grid_heads"], ha="center", va="bottom", fontsize=8.5)
+    for i in range(n_heads):
+        x0 = hx + i * (d_k * cell + gap)
+        grid(x0, 5.2, n_tokens, d_k, lambda c, i=i: head_colors[i % len(head_colors)])
+        ax.text(x0 + d_k * cell / 2, 5.2 - n_tokens * cell - 0.2, text["head"].format(i=i),
+                ha="center", fontsize=7.5)
+    ax.text(8.9, 2.35, text["grid_out"], ha="center", fontsize=8.5)
+    grid(gx, 2.15, n_tokens, n_heads * d_k, by_head)
+    arrow(8.9, 7.85 - n_tokens * cell - 0.1, 8.9, 6.25)
+    ax.text(9.05, 6.6, text["arrow_split"], fontsize=8, family="monospace", va="center")
+    arrow(8.9, 5.2 - n_tokens * cell - 0.35, 8.9, 2.75)
+    ax.text(9.05, 3.45, text["arrow_merge"], fontsize=8, va="center")
+    ax.set_title(text["title"], fontsize=11)
+    return fig
+
+
+draw_heads_diagram()
+plt.show()
+
+# %% [markdown]
 # Two steps do the regrouping:
 #
 # 1. `x.view(B, N, h, d_k)` cuts each token's feature vector into $h$ consecutive
@@ -266,12 +374,17 @@ assert torch.equal(split_heads(sp_r, 1)[:, 0], sp_r), "with one head, split_head
 # ### Exercise: merge the heads
 #
 # After attention, each head has produced `(B, h, N, d)`. Concatenating the heads means
-# undoing the split: transpose back to `(B, N, h, d)` and flatten the last two axes to
-# `(B, N, h*d)`, so that each token's output is head 0's $d$ features, then head 1's,
-# and so on. One detail: after a transpose the tensor is no longer contiguous in
-# memory, and `.view` refuses to flatten it (it raises an error). Use `.reshape`, which
-# copies when it must, or `.contiguous().view(...)`. Flattening *without* the
-# transpose raises no error at all: it silently merges the heads in the wrong order.
+# undoing the split, so that each token's output is head 0's $d$ features, then head
+# 1's, and so on. Flattening `(B, h, N, d)` straight to `(B, N, h*d)` raises no error
+# at all: it silently merges the heads in the wrong order, for the same reason as the
+# `view`-only split above.
+#
+# :::{dropdown} Hint: undoing the split
+# Retrace the two steps of `split_heads` backwards: transpose back to `(B, N, h, d)`,
+# then flatten the last two axes to `(B, N, h*d)`. After a transpose the tensor is no
+# longer contiguous in memory, and `.view` refuses to flatten it (it raises an error).
+# Use `.reshape`, which copies when it must, or `.contiguous().view(...)`.
+# :::
 
 # %% [exercise merge_heads]
 def merge_heads(x):
@@ -320,16 +433,10 @@ assert torch.equal(merge_heads(mg_back.view(3, 7, 4, 3).transpose(1, 2)), mg_bac
 # $i\,d_k$ to $(i+1)\,d_k - 1$) and `W_o` for the output, plus `num_heads` and `d_k`.
 # `forward` takes three sequences, so that the same layer serves both self-attention
 # (`mha(x, x, x)`) and cross-attention (`mha(target, source, source)`, Chapter 2,
-# Section 6):
-#
-# | tensor | shape |
-# |---|---|
-# | `query` | $(B, N_q, d_\text{model})$ |
-# | `key`, `value` | $(B, N_k, d_\text{model})$ |
-# | `split_heads(self.W_q(query), h)` | $(B, h, N_q, d_k)$ |
-# | `split_heads(self.W_k(key), h)`, `split_heads(self.W_v(value), h)` | $(B, h, N_k, d_k)$ |
-# | attention output, weights | $(B, h, N_q, d_k)$, $(B, h, N_q, N_k)$ |
-# | `merge_heads(...)`, then `self.W_o` | $(B, N_q, d_\text{model})$ |
+# Section 6). `query` has shape $(B, N_q, d_\text{model})$, `key` and `value`
+# $(B, N_k, d_\text{model})$; the layer returns the output, $(B, N_q, d_\text{model})$,
+# and the weights of every head, $(B, h, N_q, N_k)$. The diagram of Section 3 shows the
+# steps in between.
 #
 # The scores of each head are scaled by $1/\sqrt{d_k}$, the width of *one head*, not
 # $1/\sqrt{d_\text{model}}$: each head is an attention of width $d_k$, and its dot products
@@ -347,6 +454,19 @@ assert torch.equal(merge_heads(mg_back.view(3, 7, 4, 3).transpose(1, 2)), mg_bac
 #
 # Careful with a `(B, N_k)` padding mask: add the two singleton axes first
 # (`mask[:, None, None, :]`); as it is, it would line up $B$ with $N_q$.
+#
+# :::{dropdown} Hint: the steps and their shapes
+# `forward` needs five lines, one per row of this table, using your two functions:
+#
+# | step | shape |
+# |---|---|
+# | `split_heads(self.W_q(query), self.num_heads)` | $(B, h, N_q, d_k)$ |
+# | the same for `self.W_k(key)` and `self.W_v(value)` | $(B, h, N_k, d_k)$ |
+# | `scaled_dot_product_attention(q, k, v, mask)`: output, weights | $(B, h, N_q, d_k)$, $(B, h, N_q, N_k)$ |
+# | `merge_heads(...)`, then `self.W_o` | $(B, N_q, d_\text{model})$ |
+#
+# Return the output of `self.W_o` together with the weights, unaveraged.
+# :::
 
 # %% [exercise MultiHeadAttention]
 class MultiHeadAttention(nn.Module):
@@ -597,9 +717,63 @@ print("  other queries = attending only to later keys, max |difference| =",
 # the padding.
 #
 # From here on, the course may use `nn.MultiheadAttention` in given code: we have
-# shown it computes the same thing as the layer you wrote. (It also has options we do
-# not need: dropout on the weights, biases added to the keys and values, and separate
-# key and value widths.)
+# shown it computes the same thing as the layer you wrote. It also has options we do
+# not need (biases added to the keys and values, separate key and value widths), and
+# one that every trained Transformer uses: dropout.
+#
+# ### Dropout on the attention weights
+#
+# Vaswani et al. (2017, Section 5.4) regularise with *residual dropout*: each
+# sub-layer's output is dropped with probability $P_\text{drop} = 0.1$ before it is
+# added to the residual stream, and so is the sum of the embeddings and the positional
+# encodings (Chapter 5 builds both). Their released code (the tensor2tensor library)
+# also drops entries of the **attention weights**, between the softmax and the blend of
+# the values; BERT does the same with probability 0.1, and PyTorch does it when you
+# create `nn.MultiheadAttention(..., dropout=p)` (and `F.scaled_dot_product_attention`
+# takes a `dropout_p`). In training mode each weight is set to 0 with probability $p$
+# and the survivors are multiplied by $1/(1-p)$, so that each weight keeps its
+# expected value; a query then cannot rely on any single key. In evaluation mode
+# nothing is dropped. Our exercise has no dropout, so that its output is
+# deterministic and easy to test; adding it is one line,
+# `weights = F.dropout(weights, p, training=self.training)` before `weights @ value`.
+#
+# Let us look at the weights PyTorch returns with $p = 0.1$, with the same parameters
+# as our layer:
+
+# %%
+p_drop = 0.1
+theirs_drop = nn.MultiheadAttention(d_model, h, dropout=p_drop, batch_first=True)
+theirs_drop.load_state_dict(theirs.state_dict())            # the same parameters as `ours`
+torch.manual_seed(0)
+x_many = torch.randn(8, 32, d_model)                         # many weights, for stable fractions
+with torch.no_grad():
+    theirs_drop.train()
+    _, w_train = theirs_drop(x_many, x_many, x_many, average_attn_weights=False)   # (B, h, N, N)
+    theirs_drop.eval()
+    out_eval, w_eval = theirs_drop(x_many, x_many, x_many, average_attn_weights=False)
+    out_plain, w_plain = ours(x_many, x_many, x_many)
+dropped = w_train == 0                                       # softmax weights are never exactly 0
+row_sums = w_train.sum(-1)                                   # (B, h, N): no longer all 1
+print(f"training mode: fraction of weights set to 0 = {dropped.float().mean():.3f} (p = {p_drop})")
+print(f"  survivors / undropped weights = {(w_train[~dropped] / w_eval[~dropped]).mean():.4f}"
+      f" (1 / (1 - p) = {1 / (1 - p_drop):.4f})")
+print(f"  row sums from {row_sums.min():.3f} to {row_sums.max():.3f}, mean {row_sums.mean():.3f}")
+print(f"evaluation mode: max |difference| from our layer = {(out_eval - out_plain).abs().max():.1e}")
+glue("drop_p", p_drop, display=False)
+glue("drop_fraction", dropped.float().mean().item(), display=False)
+glue("drop_scale", (w_train[~dropped] / w_eval[~dropped]).mean().item(), display=False)
+glue("drop_row_min", row_sums.min().item(), display=False)
+glue("drop_row_max", row_sums.max().item(), display=False)
+glue("drop_eval_diff", (out_eval - out_plain).abs().max().item(), display=False)
+
+# %% [markdown]
+# In training mode a fraction {glue:text}`drop_fraction:.3f` of the weights is 0 (for
+# $p$ = {glue:text}`drop_p:.1f`), the others are {glue:text}`drop_scale:.4f` times
+# their undropped value, and a row no longer sums to 1 (here from
+# {glue:text}`drop_row_min:.2f` to {glue:text}`drop_row_max:.2f`): it sums to 1 only
+# on average. In evaluation mode the layer is our layer again (a difference of
+# {glue:text}`drop_eval_diff:.0e`). Remember to call `model.eval()` before you measure
+# or look at attention weights, or you will be looking at a random sample of them.
 
 # %% [markdown]
 # ## 6. Looking at the heads
@@ -737,22 +911,29 @@ print(f"trained 3 models in {time.perf_counter() - started:.1f} s")
 
 test_tokens, test_targets = neighbour_batch(2000, torch.Generator().manual_seed(123))
 print(f"{'heads':>5} {'left acc':>9} {'right acc':>10}")
-neighbour_weights = {}
+neighbour_weights, neighbour_acc = {}, {}
 for h, model in models.items():
     with torch.no_grad():
         logits, weights = model(test_tokens)
     acc = (logits.argmax(-1) == test_targets).float().mean(dim=(0, 1))   # (2,): left, right
-    neighbour_weights[h] = weights
+    neighbour_weights[h], neighbour_acc[h] = weights, acc
     print(f"{h:5d} {acc[0]:9.3f} {acc[1]:10.3f}")
+glue("one_head_best", neighbour_acc[1].max().item(), display=False)
+glue("one_head_worst", neighbour_acc[1].min().item(), display=False)
+glue("chance", 1 / VOCAB, display=False)
+glue("multi_head_worst", min(neighbour_acc[h].min().item() for h in (2, 4)), display=False)
 
 # %% [markdown]
-# With one head, the model gets one side nearly right and the other little better
-# than chance (which is 0.1). Its single weight row must share itself between the two
+# With one head, the model gets one side nearly right (accuracy
+# {glue:text}`one_head_best:.3f`) and the other far from it
+# ({glue:text}`one_head_worst:.3f`, where guessing a digit at random would give
+# {glue:text}`chance:.1f`). Its single weight row must share itself between the two
 # neighbours, and the read-out receives their values added together; it can recover
-# the neighbour with the larger weight, not which digit sat on which side. Two heads
-# solve the task, as do four. Where do the heads look? For each head we average, over the test set,
-# the weight that position $n$ gives to position $n-1$ and to position $n+1$
-# (cyclically):
+# the neighbour with the larger weight, but hardly which digit sat on the other side.
+# Two heads solve the task, as do four (no side below
+# {glue:text}`multi_head_worst:.3f`). Where do the heads look? For each head we
+# average, over the test set, the weight that position $n$ gives to position $n-1$ and
+# to position $n+1$ (cyclically):
 
 # %%
 def neighbour_focus(weights):
@@ -767,6 +948,8 @@ for h in (1, 2, 4):
     left, right = neighbour_focus(neighbour_weights[h])
     print(f"{h} head(s): " + "   ".join(f"head {i}: left {l:.2f} right {r:.2f}"
                                        for i, (l, r) in enumerate(zip(left, right))))
+left, right = neighbour_focus(neighbour_weights[2])
+glue("two_head_focus", torch.maximum(left, right).min().item(), display=False)
 
 # %% [tags=hide-input]
 digits = [str(t) for t in test_tokens[0].tolist()]
@@ -780,20 +963,97 @@ for h in (2, 4):
 
 # %% [markdown]
 # The heads have divided the work between them: with two heads, one attends almost
-# entirely to the left neighbour and the other to the right one (the bright
+# entirely to the left neighbour and the other to the right one (each puts at least
+# {glue:text}`two_head_focus:.3f` of its weight on its side; see the bright
 # off-diagonals, which wrap around in the corners). With four heads there are two
 # heads for each side, or a head that is left over; which head takes which side
 # depends only on the random initialisation. Nobody told the model to do this: the
 # split emerges because it is the only way to deliver both digits.
 #
-# In large trained language models, researchers have found heads with similarly clear
-# jobs: heads that attend to the previous token, heads that link a pronoun to its
-# noun, heads that copy a token seen earlier. Many other heads are hard to interpret,
-# and whole heads can often be removed with little loss. Attention weights show where
+# In large trained models, researchers have found heads with similarly clear jobs:
+# heads that attend to the previous or the next token, heads that follow a syntactic
+# relation or link a pronoun to its noun (Voita et al., 2019; Clark et al., 2019),
+# heads that copy a token seen earlier (Olsson et al., 2022). Many other heads are hard to interpret, and
+# whole heads can often be removed after training with little loss (Michel, Levy and
+# Neubig, 2019; Voita et al., 2019). Attention weights show where
 # a head *looks*, not what the rest of the network does with it, so read such pictures
-# as clues rather than explanations.
+# as clues rather than explanations (Jain and Wallace, 2019).
 
 # %% [markdown]
+# ## Check your understanding
+#
+# 1. A layer has $d_\text{model} = 768$ and $h = 12$ heads. What is $d_k$, what are
+#    the shapes of the queries after `split_heads` and of the weights, for a batch of
+#    4 sequences of 100 tokens, and by what is each score divided?
+#
+#    :::{dropdown} Answer
+#    $d_k = 768 / 12 = 64$. The queries are $(4, 12, 100, 64)$ and the weights
+#    $(4, 12, 100, 100)$. Each score is divided by $\sqrt{64} = 8$, the square root of
+#    the width of one head, not by $\sqrt{768}$.
+#    :::
+#
+# 2. Going from 1 head to 8 heads at the same $d_\text{model}$, what changes in the
+#    number of parameters, in the multiply-adds, and in the memory of the layer?
+#
+#    :::{dropdown} Answer
+#    The parameters stay $4(d_\text{model}^2 + d_\text{model})$ and the multiply-adds
+#    stay the same: the projections are the same four matrices, and the attention core
+#    does $N_q N_k d_k$ multiply-adds per head for the scores, $h$ times, which is
+#    $N_q N_k d_\text{model}$ in both cases (and as many for the blend). What grows is
+#    the memory for the weights: $h$ matrices of $N_q \times N_k$ instead of one.
+#    :::
+#
+# 3. Someone writes `x.view(B, h, N, d_k)` instead of
+#    `x.view(B, N, h, d_k).transpose(1, 2)`. Why does no error appear, and what does
+#    "head 0" then see?
+#
+#    :::{dropdown} Answer
+#    Both have the shape $(B, h, N, d_k)$, and `view` only reinterprets memory that is
+#    laid out token after token, so nothing fails. But "head 0" then receives the
+#    complete feature vectors of the first $N/h$ tokens, cut into pieces, instead of the
+#    first $d_k$ features of every token: tokens and heads are mixed up. Only a check
+#    of the contents on a small example catches it.
+#    :::
+#
+# 4. What would be lost without $W^O$?
+#
+#    :::{dropdown} Answer
+#    The output's first $d_k$ features would only ever hold head 1's result, the next
+#    $d_k$ head 2's, and so on. $W^O$ mixes the heads' findings, so that every output
+#    feature can combine what all heads found; it also maps the concatenation back
+#    into the model's own $d_\text{model}$ features, the ones the residual connection
+#    of Chapter 5 adds it to.
+#    :::
+#
+# 5. You pass the causal mask of this course, True = may attend, unchanged to
+#    `nn.MultiheadAttention`. What happens?
+#
+#    :::{dropdown} Answer
+#    PyTorch reads True as "do not attend", so every query sees only the keys *after*
+#    it: the future instead of the past. The last query has no key left and its output
+#    is NaN. Pass `~mask`.
+#    :::
+#
+# ## Challenges (optional, not graded)
+#
+# - **Attention-weight dropout as an option.** Write a subclass of your
+#   `MultiHeadAttention` with an extra argument `dropout=0.0` that drops attention
+#   weights in training mode only. Check that in evaluation mode it equals your layer,
+#   and that with the same random seed and the same parameters it matches
+#   `nn.MultiheadAttention(..., dropout=p)` in training mode too (look at how PyTorch
+#   calls `F.dropout`).
+# - **Grouped heads.** Recent language models (Ainslie et al., 2023) let several query
+#   heads share one key head and one value head: with $h$ query heads and $g$ key/value
+#   groups, `W_k` and `W_v` map to $g\,d_k$ features only. Implement it with
+#   `repeat_interleave` on the key and value heads, check that $g = h$ gives back
+#   multi-head attention and $g = 1$ gives *multi-query* attention (Shazeer, 2019), and
+#   count how much smaller the keys and values become.
+# - **Pruning heads.** Train the neighbour model of Section 7 with 4 heads, then set the
+#   output of one head at a time to zero (before `W_o`) and measure the accuracy. Which
+#   heads can go? Compare with Michel, Levy and Neubig (2019).
+# - **More roles than heads.** Change the task to "output the left neighbour, the right
+#   neighbour and the token two to the left". How many heads does it need?
+#
 # ## Summary
 #
 # - One head returns one blend of values per query; information that must be taken
@@ -808,9 +1068,10 @@ for h in (2, 4):
 #   heads, then the inverse (`transpose`, `reshape`) and `W_o`. Scale by
 #   $1/\sqrt{d_k}$, the width of a head.
 # - `nn.MultiheadAttention` computes the same function; its boolean masks mean
-#   "do not attend", so pass `~mask`.
+#   "do not attend", so pass `~mask`. With `dropout=p` it also drops attention weights
+#   in training mode, and only then.
 # - Trained heads specialise: in a task that needs two neighbours, two heads split the
-#   work, while one head fails.
+#   work, while one head gets one side right and the other wrong.
 #
 # ## What's next
 #
@@ -819,6 +1080,40 @@ for h in (2, 4):
 # Chapter 4 is about that missing ingredient: positional encodings, from the sinusoids
 # of the original Transformer to the rotations (RoPE) and distance penalties (ALiBi)
 # of recent language models.
+#
+# ## References
+#
+# - Vaswani, A., Shazeer, N., Parmar, N., Uszkoreit, J., Jones, L., Gomez, A. N.,
+#   Kaiser, Ł. and Polosukhin, I. (2017). Attention Is All You Need. *Advances in
+#   Neural Information Processing Systems 30*. <https://arxiv.org/abs/1706.03762>
+# - Michel, P., Levy, O. and Neubig, G. (2019). Are Sixteen Heads Really Better than
+#   One? *Advances in Neural Information Processing Systems 32*.
+#   <https://arxiv.org/abs/1905.10650>
+# - Voita, E., Talbot, D., Moiseev, F., Sennrich, R. and Titov, I. (2019). Analyzing
+#   Multi-Head Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be
+#   Pruned. *ACL 2019*. <https://arxiv.org/abs/1905.09418>
+# - Clark, K., Khandelwal, U., Levy, O. and Manning, C. D. (2019). What Does BERT Look
+#   At? An Analysis of BERT's Attention. *BlackboxNLP Workshop at ACL 2019*.
+#   <https://arxiv.org/abs/1906.04341>
+# - Jain, S. and Wallace, B. C. (2019). Attention is not Explanation. *NAACL 2019*.
+#   <https://arxiv.org/abs/1902.10186>
+# - Olsson, C., Elhage, N., Nanda, N., et al. (2022). In-context Learning and Induction
+#   Heads. *Transformer Circuits Thread*.
+#   <https://transformer-circuits.pub/2022/in-context-learning-and-induction-heads/index.html>
+# - Shazeer, N. (2019). Fast Transformer Decoding: One Write-Head is All You Need.
+#   *arXiv:1911.02150*. <https://arxiv.org/abs/1911.02150>
+# - Ainslie, J., Lee-Thorp, J., de Jong, M., Zemlyanskiy, Y., Lebrón, F. and Sanghai, S.
+#   (2023). GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+#   Checkpoints. *EMNLP 2023*. <https://arxiv.org/abs/2305.13245>
+# - Devlin, J., Chang, M.-W., Lee, K. and Toutanova, K. (2019). BERT: Pre-training of
+#   Deep Bidirectional Transformers for Language Understanding. *NAACL 2019*.
+#   <https://arxiv.org/abs/1810.04805>
+# - Alammar, J. (2018). The Illustrated Transformer (the "it" and "animal" example of
+#   Section 1 follows his). <https://jalammar.github.io/illustrated-transformer/>
+# - Rush, A. (2018). The Annotated Transformer. *Proceedings of Workshop for NLP Open
+#   Source Software*. <https://nlp.seas.harvard.edu/annotated-transformer/>
+# - PyTorch documentation: `torch.nn.MultiheadAttention`.
+#   <https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html>
 
 # %% [hidden]
 import math

@@ -8,7 +8,10 @@
 # position vector to each token (sinusoidal or learned), rotating queries and keys by
 # an angle that grows with the position (RoPE), and penalising attention scores by
 # distance (ALiBi). At the end we train the same tiny model with each of them and see
-# which ones still work on sequences longer than those they were trained on.
+# which ones still work on sequences longer than those they were trained on. Chapter 3
+# already needed this: its neighbour model could tell a left neighbour from a right one
+# only because we gave it a learned vector per position. Here we see why, and what the
+# alternatives are.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -21,14 +24,22 @@
 #   rotated query and key depends only on their distance;
 # - build the ALiBi bias, and compare how the methods extrapolate to longer sequences.
 #
+# **Prerequisites.** Chapters 2 and 3 (scaled dot-product attention, masks, splitting
+# into heads). Sines, cosines and the angle-sum formulas; rotations of the plane as
+# $2 \times 2$ matrices; broadcasting in PyTorch.
+#
+# **Time.** About 2.5 hours: 1.5 for the reading and the four exercises, the rest for
+# the experiments and the questions. The whole notebook runs in about a minute on a
+# laptop CPU (the five small models of Section 7 take most of it).
+#
 # **What you will build.**
 #
-# | exercise | what it does |
-# |---|---|
-# | `sinusoidal_encoding(max_len, d_model)` | the `(max_len, d_model)` table of the original Transformer, sin and cos interleaved |
-# | `relative_position_matrix(k, d_model)` | the matrix $M_k$ with $PE_{pos+k} = PE_{pos} M_k$ |
-# | `apply_rope(x, base=10000.0)` | rotate each feature pair of `x (..., N, d)` by an angle proportional to its position |
-# | `alibi_bias(num_heads, n)` | the `(num_heads, n, n)` distance penalty $-m_h\,\lvert i - j\rvert$ |
+# | exercise | what it does | difficulty | points |
+# |---|---|---|---|
+# | `sinusoidal_encoding(max_len, d_model)` | the `(max_len, d_model)` table of the original Transformer, sin and cos interleaved | ★ | 3 |
+# | `relative_position_matrix(k, d_model)` | the matrix $M_k$ with $PE_{pos+k} = PE_{pos} M_k$ | ★★ | 2 |
+# | `apply_rope(x, base=10000.0)` | rotate each feature pair of `x (..., N, d)` by an angle proportional to its position | ★★ | 3 |
+# | `alibi_bias(num_heads, n)` | the `(num_heads, n, n)` distance penalty $-m_h\,\lvert i - j\rvert$ | ★ | 2 |
 
 # %% [export]
 import math
@@ -41,6 +52,13 @@ import torch.nn.functional as F
 import time
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+try:                      # the book puts numbers from these cells into its text
+    from myst_nb import glue
+except ImportError:       # in plain Jupyter: just show them
+    def glue(name, value, display=True):
+        print(f"{name} = {value}")
 
 torch.set_printoptions(precision=4, sci_mode=False)
 torch.set_num_threads(1)   # the tensors in this chapter are tiny: one CPU thread is fastest
@@ -99,8 +117,61 @@ print("sentence vectors (mean over tokens) equal:   ", torch.allclose(out1.mean(
 #   The vectors can be learned (BERT, GPT-2) or fixed by a formula (the sinusoids of
 #   the original Transformer).
 # - **Relative**: leave the embeddings alone and make the attention score between
-#   positions $i$ and $j$ depend on the offset $i - j$. RoPE (LLaMA, Mistral, Qwen and
-#   most recent open models) and ALiBi (BLOOM, MPT) are two ways to do it.
+#   positions $i$ and $j$ depend on the offset $i - j$. Shaw, Uszkoreit and Vaswani
+#   (2018) first learned a vector per clipped offset; T5 (Raffel et al., 2020) adds a
+#   learned scalar per offset bucket and head to the scores. RoPE (LLaMA, Mistral, Qwen
+#   and most recent open models) and ALiBi (BLOOM, MPT) are the two we build here.
+#
+# The diagram shows where each method of this chapter enters one attention layer. The
+# layer is the same in all three columns; only the red box moves.
+
+# %% [tags=hide-input]
+POSITION_TEXT = dict(
+    title="Where position enters an attention layer",
+    absolute="absolute (sinusoidal or learned):\nadded to the input",
+    rope="RoPE:\nqueries and keys rotated",
+    alibi="ALiBi:\nscores penalised by distance",
+    ids="token ids  (N,)",
+    embed="embedding  (N, d_model)",
+    add_pe="+ positional encoding  (N, d_model)\n= x  (N, d_model)",
+    proj="W_q, W_k, W_v, split into heads\nq, k, v  (h, N, d_k)",
+    rotate="rotate q and k: pair i at position p\nby the angle p·θ_i  (v unchanged)",
+    scores="scores q kᵀ / √d_k  (h, N, N)",
+    bias="+ bias −m_h |i − j|  (h, N, N)",
+    softmax="softmax, blend the values\n→ (N, d_model)",
+)
+
+
+def draw_position_diagram(text=POSITION_TEXT):
+    fig, ax = plt.subplots(figsize=(11, 6.4))
+    ax.set_xlim(0, 11)
+    ax.set_ylim(0.05, 8.6)
+    ax.axis("off")
+    plain, position = "#dcdcdc", "#f4a3a3"
+    rows = {"ids": 7.5, "embed": 6.55, "add_pe": 5.55, "proj": 4.5, "rotate": 3.45, "scores": 2.45,
+            "bias": 1.5, "softmax": 0.5}
+    columns = [(1.85, "absolute", "add_pe"), (5.5, "rope", "rotate"), (9.15, "alibi", "bias")]
+    w, hgt = 3.3, 0.7
+
+    def box(x, y, label, color):
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - hgt / 2), w, hgt, boxstyle="round,pad=0.04",
+                                    fc=color, ec="black", lw=0.8))
+        ax.text(x, y, label, ha="center", va="center", fontsize=8.5)
+
+    for x, title, where in columns:
+        ax.text(x, 8.45, text[title], ha="center", va="top", fontsize=9.5, weight="bold")
+        used = [key for key in rows if key in ("ids", "embed", "proj", "scores", "softmax") or key == where]
+        for key in used:
+            box(x, rows[key], text[key], position if key == where else plain)
+        for a, b in zip(used, used[1:]):
+            ax.add_patch(FancyArrowPatch((x, rows[a] - hgt / 2 - 0.04), (x, rows[b] + hgt / 2 + 0.04),
+                                         arrowstyle="-|>", mutation_scale=10, color="black", lw=1.0))
+    ax.set_title(text["title"], fontsize=11, pad=14)
+    return fig
+
+
+draw_position_diagram()
+plt.show()
 
 # %% [markdown]
 # ## 2. Learned absolute positions
@@ -151,12 +222,17 @@ except IndexError as err:
 #
 # ### Exercise: the sinusoidal table
 #
+# Write the table of the formula above, without a Python loop over positions or
+# features.
+#
+# :::{dropdown} Hint: building the table
 # Build the angle table `pos * omega_i` of shape `(max_len, d_model / 2)` by
 # broadcasting a column of positions against a row of frequencies, then fill the even
 # columns with its sine and the odd columns with its cosine (slices `0::2` and `1::2`,
 # or `torch.stack(..., dim=-1)` followed by a flatten). Computing the angles in float64
 # and converting at the end costs nothing and keeps the table accurate at large
 # positions.
+# :::
 
 # %% [exercise sinusoidal_encoding]
 def sinusoidal_encoding(max_len, d_model):
@@ -402,17 +478,121 @@ M3, M4, M7 = (relative_position_matrix(k, 64).double() for k in (3, 4, 7))
 print("M_k orthogonal (M M^T = I):", torch.allclose(M7 @ M7.T, torch.eye(64, dtype=torch.float64), atol=1e-6))
 print("M_3 M_4 = M_7:", torch.allclose(M3 @ M4, M7, atol=1e-6))
 
+
+def pe_table(max_len, d_model, dtype):
+    """The same table with every step (angles included) computed in `dtype`."""
+    angle = torch.arange(max_len, dtype=dtype)[:, None] * 10000.0 ** (-torch.arange(0, d_model, 2, dtype=dtype) / d_model)
+    return torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(1)   # (max_len, d_model)
+
+omega = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)          # M_100 in float64
+c100, s100 = torch.cos(100 * omega), torch.sin(100 * omega)
+M100_f64 = torch.block_diag(*torch.stack([torch.stack([c100, -s100], -1), torch.stack([s100, c100], -1)], -2))
+shift_err = {}
+for name, table, M in [("float64, rounded to float32", pe_long, relative_position_matrix(100, 64)),
+                       ("angles in float32", pe_table(500, 64, torch.float32), relative_position_matrix(100, 64)),
+                       ("float64 throughout", pe_table(500, 64, torch.float64), M100_f64)]:
+    shift_err[name] = (table[:400].double() @ M.double() - table[100:].double()).abs().max().item()
+    print(f"k=100, {name:28s}: max |PE[pos] @ M_k - PE[pos+k]| = {shift_err[name]:.1e}")
+glue("shift_err_rounded", shift_err["float64, rounded to float32"], display=False)
+glue("shift_err_f32", shift_err["angles in float32"], display=False)
+glue("shift_err_f64", shift_err["float64 throughout"], display=False)
+
 # %% [markdown]
-# The residuals are float32 rounding errors: about $10^{-7}$ when the tables are
-# computed in float64 and rounded at the end, and up to about $10^{-5}$ at these
-# positions if the angles themselves are computed in float32. In float64 throughout
-# they would be about $10^{-13}$.
+# The residuals are rounding errors: {glue:text}`shift_err_rounded:.0e` when the tables
+# are computed in float64 and rounded to float32 at the end,
+# {glue:text}`shift_err_f32:.0e` at these positions if the angles themselves are
+# computed in float32, and {glue:text}`shift_err_f64:.0e` in float64 throughout.
 #
-# In a real Transformer, though, the encoding is *added* to the token embedding, and
-# queries and keys are linear maps of the sum. The score $q_i \cdot k_j$ then mixes
-# token-token, token-position and position-position terms, and only the last is a
-# clean function of $i - j$. Whether the model makes use of the rotation structure is
-# left to training. The next method builds it into the score directly.
+# ### What the projections do to it
+#
+# In a real Transformer, though, the encoding is *added* to the token embedding $e$,
+# and queries and keys are linear maps of the sum: $q_i = (e_i + PE_i) W_Q$,
+# $k_j = (e_j + PE_j) W_K$. The score $q_i \cdot k_j$ splits into a token-token, two
+# token-position and one position-position term,
+#
+# $$q_i \cdot k_j = e_i A e_j^\top + e_i A PE_j^\top + PE_i A e_j^\top
+# + PE_i A PE_j^\top, \qquad A = W_Q W_K^\top \ (d_\text{model} \times d_\text{model}).$$
+#
+# It is tempting to say that the last term is a function of $i - j$, like
+# $PE_i \cdot PE_j$. It is not, in general: the matrix $A$ sits between the two
+# encodings. Write $u_i = (\sin \omega i, \cos \omega i)$ for one pair. If the block of
+# $A$ for that pair has the form $\begin{bmatrix} a & -b \\ b & a \end{bmatrix}$ (a
+# scaled rotation), then $u_i\,[\cdot]\,u_j^\top = a\cos\omega(i-j) - b\sin\omega(i-j)$,
+# a function of $i - j$. Any other block brings in $\cos\omega(i + j)$, and any entry
+# of $A$ that links two different pairs brings in angles such as
+# $\omega_a i - \omega_b j$: both depend on where the two positions are, not only on
+# their distance. So the term depends on $i - j$ alone only in special cases, such as
+# $A = I$ or $A = M_k$.
+#
+# Let us measure it. For a matrix $S$ of shape $(n, n)$, take the share of its
+# variance that the offset $i - j$ does *not* explain: replace every entry by the mean
+# of its diagonal and compare the residual sum of squares with the total. It is 0 for
+# a function of $i - j$ and 1 when the offset tells nothing. We compute it for
+# $PE_i \cdot PE_j$, for $PE_i M_5 PE_j^\top$ (a special $A$), and for
+# $PE_i W_Q W_K^\top PE_j^\top$ with random projections, as at the start of training
+# ($d_\text{model} = 64$, $d_k = 16$, five draws), and with tied projections
+# $W_Q = W_K$.
+
+# %%
+def unexplained_by_offset(S):
+    """Share of the variance of S (n, n) that the offset i - j does not explain:
+    0 when S[i, j] depends on i - j only, 1 when the offset explains nothing."""
+    n = S.shape[0]
+    diagonal = (torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1).flatten()   # (n*n,): 0..2n-2
+    sums = torch.zeros(2 * n - 1, dtype=S.dtype).index_add_(0, diagonal, S.flatten())
+    counts = torch.bincount(diagonal, minlength=2 * n - 1).to(S.dtype)
+    diagonal_mean = (sums / counts)[diagonal].view(n, n)                  # (n, n): mean of each diagonal
+    return (((S - diagonal_mean) ** 2).sum() / ((S - S.mean()) ** 2).sum()).item()
+
+
+d_pe, d_head, n_pe = 64, 16, 48
+pe_n = sinusoidal_encoding(n_pe, d_pe).double()                          # (n, d_model)
+S_pe = pe_n @ pe_n.T                                                     # PE_i . PE_j
+S_shift = pe_n @ relative_position_matrix(5, d_pe).double() @ pe_n.T    # A = M_5
+S_random, shares = None, []
+for seed in range(5):
+    g = torch.Generator().manual_seed(seed)
+    W_Q = torch.randn(d_pe, d_head, generator=g, dtype=torch.float64) / math.sqrt(d_pe)   # (d_model, d_k)
+    W_K = torch.randn(d_pe, d_head, generator=g, dtype=torch.float64) / math.sqrt(d_pe)
+    S = (pe_n @ W_Q) @ (pe_n @ W_K).T                                    # PE_i W_Q W_K^T PE_j^T
+    shares.append(unexplained_by_offset(S))
+    S_random = S if S_random is None else S_random
+S_tied = (pe_n @ W_Q) @ (pe_n @ W_Q).T                                   # W_K = W_Q
+print(f"PE_i . PE_j                        : {unexplained_by_offset(S_pe):.1e}")
+print(f"PE_i M_5 PE_j^T                    : {unexplained_by_offset(S_shift):.1e}")
+print("PE_i W_Q W_K^T PE_j^T, random      : " + ", ".join(f"{v:.2f}" for v in shares))
+print(f"PE_i W_Q W_Q^T PE_j^T, tied        : {unexplained_by_offset(S_tied):.2f}")
+glue("unexplained_pe", unexplained_by_offset(S_pe), display=False)
+glue("unexplained_shift", unexplained_by_offset(S_shift), display=False)
+glue("unexplained_random_min", min(shares), display=False)
+glue("unexplained_random_max", max(shares), display=False)
+glue("unexplained_tied", unexplained_by_offset(S_tied), display=False)
+
+# %% [tags=hide-input]
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.7))
+for ax, S, title in [(axes[0], S_pe, r"$PE_i \cdot PE_j$"),
+                     (axes[1], S_shift, r"$PE_i\, M_5\, PE_j^\top$"),
+                     (axes[2], S_random, r"$PE_i\, W_Q W_K^\top PE_j^\top$ (random, seed 0)")]:
+    im = ax.imshow(S, cmap="viridis")
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+    ax.set_title(title + f"\nnot explained by i - j: {unexplained_by_offset(S):.2f}", fontsize=10)
+    fig.colorbar(im, ax=ax)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The first two matrices are constant along their diagonals (the share is
+# {glue:text}`unexplained_pe:.0e` and {glue:text}`unexplained_shift:.0e`, rounding
+# error). With random projections the offset explains little of the
+# position-position term: between {glue:text}`unexplained_random_min:.2f` and
+# {glue:text}`unexplained_random_max:.2f` of its variance is left over, depending on
+# the draw, and still {glue:text}`unexplained_tied:.2f` with tied projections (a
+# symmetric $A$ keeps the $\cos\omega(i-j)$ part of each block, but adds
+# $\cos\omega(i+j)$ terms and mixes pairs). In the right picture the values change
+# along every diagonal. A trained model *can* learn projections that keep the relative structure,
+# or use the absolute positions instead; nothing forces either. RoPE, the next method,
+# builds the relative structure into the score itself, after the projections.
 
 # %% [markdown]
 # ## 5. Rotary position embedding (RoPE)
@@ -453,12 +633,17 @@ print("M_3 M_4 = M_7:", torch.allclose(M3 @ M4, M7, atol=1e-6))
 #
 # ### Exercise: apply RoPE
 #
+# Rotate every pair of every position at once, for any number of leading dimensions
+# (batch, heads), and return a new tensor. Compute the angles in the dtype of `x`, or
+# in float64, so that a float64 input gets a float64-accurate result.
+#
+# :::{dropdown} Hint: the steps
 # Take the even and odd features with `x[..., 0::2]` and `x[..., 1::2]` (each
 # `(..., N, d/2)`), build the angles `(N, d/2)` from a column of positions
-# `0, 1, ..., N-1` and a row of $\theta_i$, rotate, and put the pairs back in their
-# interleaved places (`torch.stack([...], dim=-1).flatten(-2)` does it). Compute the
-# angles in the dtype of `x`, or in float64, so that a float64 input gets a float64-accurate
-# result.
+# `0, 1, ..., N-1` and a row of $\theta_i$, rotate with the two formulas above, and put
+# the pairs back in their interleaved places (`torch.stack([...], dim=-1).flatten(-2)`
+# does it). The angles `(N, d/2)` broadcast against `(..., N, d/2)` on their own.
+# :::
 
 # %% [exercise apply_rope]
 def apply_rope(x, base=10000.0):
@@ -604,9 +789,13 @@ plt.show()
 #
 # ### Exercise: the ALiBi bias
 #
+# Build the whole `(num_heads, n, n)` bias without a Python loop.
+#
+# :::{dropdown} Hint: two tensors and a broadcast
 # Build the distance matrix `(n, n)` from `torch.arange(n)` by broadcasting a column
 # against a row, and the slopes `(num_heads,)`, then multiply with broadcasting to
 # `(num_heads, n, n)`.
+# :::
 
 # %% [exercise alibi_bias]
 def alibi_bias(num_heads, n):
@@ -697,8 +886,8 @@ plt.show()
 #
 # **Task: previous token.** A sequence of random tokens (vocabulary 16); at every
 # position $i \ge 1$ the model must output the token at position $i - 1$. This is the
-# job of the "previous-token heads" found in real language models, and it needs exact
-# relative position and nothing else.
+# job of the "previous-token heads" found in real language models (Olsson et al.,
+# 2022), and it needs exact relative position and nothing else.
 #
 # **Model.** Token embedding, one causal multi-head attention layer (4 heads, $d_\text{model}
 # = 32$), a linear read-out. Five versions differ only in how position enters:
@@ -783,6 +972,20 @@ print(f"{'method':>11} " + " ".join(f"{f'pos {a}-{b - 1}':>11}" for a, b in rang
 for m in methods:
     print(f"{m:>11} " + " ".join(f"{correct[m][a:b].mean().item():11.2f}" for a, b in ranges))
 
+def mean_accuracy(method, a, b):
+    return correct[method][a:b].mean().item()
+
+glue("chance16", 1 / 16, display=False)
+glue("none_inside", mean_accuracy("none", 1, 16), display=False)
+glue("none_after", mean_accuracy("none", 16, 32), display=False)
+glue("absolute_after", max(mean_accuracy(m, 16, 32) for m in ("learned", "sinusoidal")), display=False)
+glue("rope_after", mean_accuracy("rope", 16, 32), display=False)
+glue("rope_until", next((p for p in range(16, 128) if correct["rope"][p] < 0.9), 128), display=False)
+glue("rope_long", mean_accuracy("rope", 64, 128), display=False)
+glue("alibi_inside", mean_accuracy("alibi", 1, 16), display=False)
+glue("alibi_long", mean_accuracy("alibi", 64, 128), display=False)
+glue("others_long", max(mean_accuracy(m, 64, 128) for m in methods if m != "alibi"), display=False)
+
 # %% [tags=hide-input]
 fig, ax = plt.subplots(figsize=(8, 3.8))
 window = 4
@@ -801,30 +1004,39 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What the table and the figure show (the exact numbers vary a little from run to run):
+# What the table and the figure show (the seeds are fixed; other seeds give somewhat
+# different numbers, but the same picture):
 #
 # - **None.** Without position information the model cannot find "the previous
-#   token" at all, inside the training length or beyond it. What it gets right comes
-#   from the shortest prefixes, where there are only a handful of tokens to guess
-#   from, and from chance (1 in 16).
-# - **Learned and sinusoidal.** Perfect on the first 16 positions and at chance level
-#   right after them. For the learned table this is no surprise: rows 16 to 127 were
-#   never trained. The sinusoidal formula does define those positions, but the model
-#   never saw their vectors, and what it learned about positions 0 to 15 does not carry
-#   over. "Defined for every position" is not the same as "extrapolates".
-# - **RoPE.** Perfect well beyond the training length (in our run, up to about twice
-#   that length), because the score depends only on the distance, and the distance to
-#   the previous token is always 1. Further out, it collapses as well: a query now meets keys at distances it never saw in training,
-#   and some of them happen to score as high as the previous token. Real RoPE models
-#   behave similarly, and extending their context takes extra tricks (interpolating the
-#   positions, or changing the base) and usually some fine-tuning.
+#   token" at all, inside the training length or beyond it: an accuracy of
+#   {glue:text}`none_inside:.2f` on positions 1 to 15. What it gets right comes from
+#   the shortest prefixes, where there are only a handful of tokens to guess from, and
+#   from chance ({glue:text}`chance16:.4f`, 1 in 16).
+# - **Learned and sinusoidal.** Perfect on the first 16 positions, and right after
+#   them no better than the model without positions (at most
+#   {glue:text}`absolute_after:.2f` on positions 16 to 31, against
+#   {glue:text}`none_after:.2f` without positions).
+#   For the learned table this is no surprise: rows 16 to 127 were never trained. The
+#   sinusoidal formula does define those positions, but the model never saw their
+#   vectors, and what it learned about positions 0 to 15 does not carry over. "Defined
+#   for every position" is not the same as "extrapolates".
+# - **RoPE.** Right well beyond the training length: {glue:text}`rope_after:.2f` on
+#   positions 16 to 31; the first position where it falls below 0.9 is
+#   {glue:text}`rope_until:.0f`. The score depends only on the distance, and the
+#   distance to the previous token is always 1. Further out it collapses as well
+#   ({glue:text}`rope_long:.2f` on positions 64 to 127): a query now meets keys at
+#   distances it never saw in training, and some of them happen to score as high as the
+#   previous token. Real RoPE models behave similarly, and extending their context
+#   takes extra tricks (interpolating the positions, or changing the base) and usually
+#   some fine-tuning.
 # - **ALiBi.** It never learns the task perfectly, not even inside the training
-#   length. With 4 heads the steepest slope is $\tfrac14$, so the bias prefers distance
-#   1 over distance 2 by only a quarter of a logit; the model makes up part of the
-#   difference from the tokens' contents, but the more keys compete, the more often it
-#   picks a wrong one. Nothing in it depends on the training length, though, and it
-#   degrades gently instead of collapsing: in our run it levels off a little above 0.5
-#   and ends up far ahead of every other method on the longest sequences.
+#   length ({glue:text}`alibi_inside:.2f` on positions 1 to 15). With 4 heads the
+#   steepest slope is $\tfrac14$, so the bias prefers distance 1 over distance 2 by only
+#   a quarter of a logit; the model makes up part of the difference from the tokens'
+#   contents, but the more keys compete, the more often it picks a wrong one. Nothing
+#   in it depends on the training length, though, and it degrades gently instead of
+#   collapsing: {glue:text}`alibi_long:.2f` on positions 64 to 127, where no other
+#   method does better than {glue:text}`others_long:.2f`.
 #
 # One tiny task cannot rank methods in general: language modelling rewards recency,
 # which suits ALiBi, while tasks that need exact long-range positions favour other
@@ -832,8 +1044,87 @@ plt.show()
 # Anything tied to absolute positions (a learned table, an added sinusoid) is only
 # reliable where training has been; information about *distances* (RoPE, ALiBi) can
 # carry further, as far as the distances themselves have been seen or are harmless.
+# Larger studies agree that the choice matters and that it depends on the task:
+# Kazemnejad et al. (2023) even found decoder-only models *without* any positional
+# encoding, relying on the causal mask alone, to generalise to longer inputs better than
+# all of these methods on their reasoning tasks.
 
 # %% [markdown]
+# ## Check your understanding
+#
+# 1. A model has no positional encoding and no causal mask. Which outputs change when
+#    you swap the first two tokens of its input, and how?
+#
+#    :::{dropdown} Answer
+#    Only the first two outputs, and they swap places: self-attention is permutation
+#    equivariant, so every token's output depends only on the token and on the *set*
+#    of tokens around it. The other outputs do not change at all.
+#    :::
+#
+# 2. With $d_\text{model} = 512$, what are the shortest and the longest wavelengths of
+#    the sinusoidal encoding, and what is each good for?
+#
+#    :::{dropdown} Answer
+#    Pair 0 has wavelength $2\pi \approx 6.3$ positions, pair 255 has
+#    $2\pi \cdot 10000^{510/512} \approx 60{,}600$. The fast pairs tell neighbouring
+#    positions apart; the slow ones change little between neighbours but tell positions
+#    far apart from each other.
+#    :::
+#
+# 3. $PE_i \cdot PE_j$ depends only on $i - j$. Does the attention score of a
+#    Transformer with sinusoidal encodings depend only on $i - j$?
+#
+#    :::{dropdown} Answer
+#    No. The score also contains the token-token and token-position terms, and even the
+#    position-position term is $PE_i W_Q W_K^\top PE_j^\top$, which depends on $i - j$
+#    alone only for special $W_Q W_K^\top$ (for instance block-diagonal scaled
+#    rotations). Section 4 measured it: with random projections, most of its variance
+#    is not explained by the offset. RoPE is built so that the score does depend only on
+#    the two vectors and $i - j$.
+#    :::
+#
+# 4. Why does RoPE rotate the queries and keys but not the values?
+#
+#    :::{dropdown} Answer
+#    Position should decide *where* a query looks, which is the job of the scores,
+#    computed from queries and keys. With both rotated, $(qR_m)\cdot(kR_n) =
+#    q R_{m-n} k^\top$ and only the distance enters. Rotating the values would change
+#    *what* is passed on by the absolute position of each key, which is what the
+#    relative design avoids.
+#    :::
+#
+# 5. With ALiBi and 16 heads, what are the steepest and the gentlest slopes? How much
+#    does the steepest head penalise a key 10 tokens away, and what weight does that
+#    leave compared with the query itself, other things equal?
+#
+#    :::{dropdown} Answer
+#    $m_h = 2^{-8(h+1)/16} = 2^{-(h+1)/2}$: from $2^{-1/2} \approx 0.71$ for head 0 to
+#    $2^{-8} = 1/256$ for head 15. Head 0 subtracts $10 \cdot 0.71 \approx 7.1$ from the
+#    score at distance 10, so that key gets $e^{-7.1} \approx 0.0008$ times the
+#    weight of the query's own position.
+#    :::
+#
+# ## Challenges (optional, not graded)
+#
+# - **Rotate half.** GPT-NeoX and LLaMA's code in Hugging Face Transformers pair
+#   feature $i$ with feature $i + d/2$ instead of $2i$ with $2i+1$. Write
+#   `apply_rope_half(x)` with the `rotate_half` trick
+#   (`torch.cat([-x2, x1], dim=-1)`), check that scores still depend only on distance,
+#   and find the fixed permutation `P` of the features with
+#   `apply_rope_half(x[..., P]) == apply_rope(x)[..., P]`. What goes wrong if you load
+#   weights trained with one layout into a model using the other?
+# - **A T5-style relative bias.** Instead of ALiBi's fixed slopes, learn one scalar per
+#   head and per offset bucket, added to the scores (Raffel et al., 2020: exact buckets
+#   for small offsets, logarithmic buckets up to a maximum distance). Add it as a sixth
+#   method to Section 7. Does it learn the previous-token task perfectly, and how does
+#   it extrapolate?
+# - **Longer training, interpolated positions.** Train the RoPE model on 16 tokens and
+#   test on 64 with the positions divided by 4 (position interpolation, Chen et al.,
+#   2023), with and without a few steps of fine-tuning on 64 tokens.
+# - **Causal ALiBi.** Replace the symmetric bias by the causal form $-m_h (i - j)$ for
+#   $j \le i$ and check that, with a causal mask, the model of Section 7 computes
+#   exactly the same thing.
+#
 # ## Summary
 #
 # - Self-attention is permutation equivariant: without position information,
@@ -844,12 +1135,15 @@ plt.show()
 #   $\omega_i = 10000^{-2i/d_\text{model}}$, interleaves sines and cosines with
 #   wavelengths from $2\pi$ to about $2\pi \cdot 10000$.
 # - $PE_{pos} \cdot PE_{pos+k}$ depends only on $k$, and $PE_{pos+k} = PE_{pos} M_k$
-#   with a block-diagonal rotation $M_k$ that does not depend on $pos$.
+#   with a block-diagonal rotation $M_k$ that does not depend on $pos$. Once the
+#   encoding goes through the projections, though, the position-position term
+#   $PE_i W_Q W_K^\top PE_j^\top$ is in general *not* a function of $i - j$.
 # - RoPE applies such rotations to queries and keys, so that $q \cdot k$ depends only on
 #   the two vectors and their distance. ALiBi adds $-m_h \lvert i - j \rvert$ to the
 #   scores with fixed geometric slopes.
-# - Trained on 16 tokens, absolute methods fail right after position 16; RoPE holds
-#   for a while, then fails; ALiBi degrades gently.
+# - Trained on 16 tokens on a previous-token task, absolute methods fail right after
+#   position 16; RoPE holds for a while, then fails; ALiBi never learns the task
+#   perfectly but degrades gently.
 #
 # ## What's next
 #
@@ -857,6 +1151,42 @@ plt.show()
 # scaled by $\sqrt{d_\text{model}}$ plus the sinusoidal encoding you built here,
 # multi-head attention from Chapter 3, feed-forward layers, residual connections and
 # layer normalisation, in an encoder and a decoder.
+#
+# ## References
+#
+# - Vaswani, A., Shazeer, N., Parmar, N., Uszkoreit, J., Jones, L., Gomez, A. N.,
+#   Kaiser, Ł. and Polosukhin, I. (2017). Attention Is All You Need. *Advances in
+#   Neural Information Processing Systems 30*. <https://arxiv.org/abs/1706.03762>
+# - Shaw, P., Uszkoreit, J. and Vaswani, A. (2018). Self-Attention with Relative
+#   Position Representations. *NAACL 2018*. <https://arxiv.org/abs/1803.02155>
+# - Raffel, C., Shazeer, N., Roberts, A., Lee, K., Narang, S., Matena, M., Zhou, Y.,
+#   Li, W. and Liu, P. J. (2020). Exploring the Limits of Transfer Learning with a
+#   Unified Text-to-Text Transformer. *Journal of Machine Learning Research* 21(140),
+#   1–67. <https://arxiv.org/abs/1910.10683>
+# - Su, J., Ahmed, M., Lu, Y., Pan, S., Bo, W. and Liu, Y. (2024). RoFormer: Enhanced
+#   Transformer with Rotary Position Embedding. *Neurocomputing* 568, 127063 (preprint
+#   2021). <https://arxiv.org/abs/2104.09864>
+# - Press, O., Smith, N. A. and Lewis, M. (2022). Train Short, Test Long: Attention
+#   with Linear Biases Enables Input Length Extrapolation. *ICLR 2022*.
+#   <https://arxiv.org/abs/2108.12409>
+# - Kazemnejad, A., Padhi, I., Natesan Ramamurthy, K., Das, P. and Reddy, S. (2023).
+#   The Impact of Positional Encoding on Length Generalization in Transformers.
+#   *Advances in Neural Information Processing Systems 36*.
+#   <https://arxiv.org/abs/2305.19466>
+# - Chen, S., Wong, S., Chen, L. and Tian, Y. (2023). Extending Context Window of
+#   Large Language Models via Positional Interpolation. *arXiv:2306.15595*.
+#   <https://arxiv.org/abs/2306.15595>
+# - Black, S., Biderman, S., Hallahan, E., et al. (2022). GPT-NeoX-20B: An
+#   Open-Source Autoregressive Language Model. *Proceedings of BigScience Episode #5,
+#   Workshop on Challenges & Perspectives in Creating Large Language Models*.
+#   <https://arxiv.org/abs/2204.06745>
+# - Olsson, C., Elhage, N., Nanda, N., et al. (2022). In-context Learning and Induction
+#   Heads (previous-token heads). *Transformer Circuits Thread*.
+#   <https://transformer-circuits.pub/2022/in-context-learning-and-induction-heads/index.html>
+# - Kazemnejad, A. (2019). Transformer Architecture: The Positional Encoding.
+#   <https://kazemnejad.com/blog/transformer_architecture_positional_encoding/>
+# - Rush, A. (2018). The Annotated Transformer. *Proceedings of Workshop for NLP Open
+#   Source Software*. <https://nlp.seas.harvard.edu/annotated-transformer/>
 
 # %% [hidden]
 import math

@@ -28,8 +28,9 @@
 #
 # **Prerequisites.** Chapter 2 (scaled dot-product attention, the causal mask), Chapter 3
 # (splitting heads), Chapter 5 (residual connections, layer normalisation, the decoder).
-# Softmax and cross-entropy. **Time:** about 3 hours, of which about 2 minutes are
-# training.
+# Softmax and cross-entropy.
+#
+# **Time.** About 3 hours, of which about 2 minutes are training.
 #
 # **What you will build.**
 #

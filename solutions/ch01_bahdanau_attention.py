@@ -101,10 +101,12 @@ class BahdanauDecoder(nn.Module):
             enc_outputs: (B, T, enc_dim), the encoder states (keys and values).
             enc_mask:    optional bool (B, T), True at real (non-padding) positions.
 
-        1. context, weights = self.attention(state, enc_outputs, enc_outputs, enc_mask)
-           -- attend with the PREVIOUS state;
-        2. new_state = self.gru(cat(embedding(token), context), state);
-        3. logits = self.out(cat(new_state, context)).
+        1. attend with the PREVIOUS state s_{i-1} as the query and enc_outputs
+           as keys and values, passing enc_mask on: context (B, enc_dim),
+           weights (B, T);
+        2. new_state = GRU cell on [embedded token; context] (in this order),
+           starting from the previous state;
+        3. logits = output layer on [new_state; context] (in this order).
 
         Returns:
             (logits (B, vocab_size), new_state (B, hidden_dim), weights (B, T)).
