@@ -20,14 +20,14 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from coursekit.conventions import with_python_bin_on_path
+from coursekit.conventions import is_test_cell, with_python_bin_on_path
 
 from . import ROOT, chapters, strip_solution_markers
 
 BUILD = ROOT / "_build"
 STAGE = BUILD / "src"
 EXEC_CACHE = BUILD / "executed"
-BOOK_FILES = ("_config.yml", "_toc.yml", "intro.md")
+BOOK_FILES = ("_config.yml", "_toc.yml", "intro.md", "instructors.md", "README.md")  # README: included
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
 
@@ -61,13 +61,23 @@ def executed_chapter(chapter) -> nbformat.NotebookNode:
     return learner
 
 
+def with_tests_collapsed(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """On the page, visible tests sit behind a toggle so the prose leads; the notebook keeps them open."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and is_test_cell(cell):
+            tags = cell.metadata.setdefault("tags", [])
+            if "hide-input" not in tags:
+                tags.append("hide-input")
+    return nb
+
+
 def stage(found) -> None:
     shutil.rmtree(STAGE, ignore_errors=True)
     (STAGE / "chapters").mkdir(parents=True)
     for name in BOOK_FILES:
         shutil.copyfile(ROOT / name, STAGE / name)
     for chapter in found:
-        nbformat.write(executed_chapter(chapter), STAGE / "chapters" / f"{chapter.name}.ipynb")
+        nbformat.write(with_tests_collapsed(executed_chapter(chapter)), STAGE / "chapters" / f"{chapter.name}.ipynb")
 
 
 def build() -> None:

@@ -113,6 +113,8 @@ def test_code_cells_on_the_page_are_the_learner_notebook(book, chapter):
         shown = pre.get_text().rstrip()
         if not cell.metadata.get("nbgrader", {}).get("solution"):
             assert shown == cell.source.rstrip(), f"{label} on the page differs from the notebook"
+            if cell.metadata.get("nbgrader", {}).get("grade"):   # a visible test: behind a toggle on the page
+                assert "tag_hide-input" in html_cell.get("class", []), f"{label}: a test cell shown open"
             continue
         exercises += 1
         assert "raise NotImplementedError" in shown, f"exercise {grade_id} does not show the stub"
@@ -329,7 +331,13 @@ def _requests(devtools: DevTools, origin: str) -> tuple[list[str], list[str]]:
     return outside, [f for f in failed if "/favicon.ico" not in f]  # the browser asks for one itself
 
 
-@pytest.mark.parametrize("page", ["intro.html", "search.html", "genindex.html"])
+def test_the_instructor_page_includes_the_readme_sections(book):
+    page = _soup(book / "instructors.html").get_text()
+    for words in ("Grading a whole class", "grade-class", "What is public and what is private"):
+        assert words in page, f"the instructor page lacks {words!r}"
+
+
+@pytest.mark.parametrize("page", ["intro.html", "instructors.html", "search.html", "genindex.html"])
 def test_other_pages_load_offline(browser, server, page):
     browser.open(f"{server}/{page}")
     browser.settle()
