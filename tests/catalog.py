@@ -46,6 +46,28 @@ def tampered(chapter: str, tricks=(), after_stubs=()):
     return submission(base="stub", chapter=chapter, prepend=tricks, append=after_stubs)
 
 
+def common_tampering(chapter: str) -> dict[str, list[str]]:
+    """Tricks every chapter's catalog tries (cells put before the stubs): each must gain nothing."""
+    from conftest import ROOT
+    reference = ROOT / "solutions" / f"ch{chapter}.py"
+    return {
+        "stub": [],
+        "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
+                           "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
+                           "torch.testing.assert_close = lambda *a, **k: None"],
+        "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
+                              "def run(test_id, ns):\n"
+                              "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
+                              "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': "
+                              "[{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
+                              "fake.run = run\nsys.modules['attn_probe'] = fake"],
+        "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                             f"from solutions.ch{chapter} import *"],
+        "exec_reference_file": [f"exec(open({str(reference)!r}).read())"],
+        "sys_exit": ["import sys\nsys.exit(0)"],
+    }
+
+
 def feedback_by_test(result: dict) -> dict[str, str]:
     """test id -> all its feedback lines (a test can report a hint after its main reason)."""
     out: dict[str, str] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 
-from catalog import Catalog, tampered
+from catalog import Catalog, tampered, common_tampering
 from conftest import ROOT, submission
 
 CHAPTER = "01_bahdanau_attention"
@@ -289,18 +289,10 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
+    **common_tampering(CHAPTER),
     "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
                          "from solutions.ch01_bahdanau_attention import *"],
     "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / 'ch01_bahdanau_attention.py')!r}).read())"],
-    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
-                          "def run(test_id, ns):\n"
-                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
-                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
-                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
     "module_returning_liar": ["class Liar(torch.Tensor):\n"
                               "    def __eq__(self, other): return True\n"
                               "def masked_softmax(scores, mask=None):\n"

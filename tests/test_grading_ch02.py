@@ -10,9 +10,10 @@ from __future__ import annotations
 import textwrap
 
 
-from catalog import Catalog, tampered
+from catalog import Catalog, tampered, common_tampering
 from conftest import ROOT, submission
 
+CHAPTER = "02_self_attention"
 ALL_TESTS = [
     "test_scaled_dot_product_attention_worked_example", "test_scaled_dot_product_attention_shapes",
     "test_scaled_dot_product_attention_values", "test_scaled_dot_product_attention_mask",
@@ -256,17 +257,9 @@ INDEPENDENT = {
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 PRIVATE = ROOT
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
+    **common_tampering(CHAPTER),
     "silence_tracebacks": ["ip = get_ipython()\nip.showtraceback = lambda *a, **k: None\n"
                            "ip.set_custom_exc((BaseException,), lambda *a, **k: None)"],
-    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
-                          "def run(test_id, ns):\n"
-                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
-                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
-                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
     "import_reference": [f"import sys\nsys.path.insert(0, {str(PRIVATE)!r})\n"
                          "from solutions.ch02_self_attention import *"],
     "exec_reference_file": [f"exec(open({str(PRIVATE / 'solutions' / 'ch02_self_attention.py')!r}).read())"],
@@ -281,11 +274,10 @@ TAMPERING = {
     "kill_grader": ["import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept Exception as e:\n    print(e)"],
     "overwrite_grader": [f"open({str(ROOT / 'autograder' / 'hidden.py')!r}, 'a').write('# pwned')"],
     "exit_kernel": ["import os\nos._exit(0)"],
-    "sys_exit": ["import sys\nsys.exit(0)"],
 }
 
 
-CATALOG = Catalog("02_self_attention", correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
+CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
                   tampering={k: tampered("02_self_attention", v) for k, v in TAMPERING.items()})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

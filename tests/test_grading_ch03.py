@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 
 
-from catalog import Catalog, tampered
-from conftest import ROOT, submission
+from catalog import Catalog, tampered, common_tampering
+from conftest import submission
 
 CHAPTER = "03_multi_head_attention"
 POINTS = {
@@ -266,19 +266,7 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
-    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
-                          "def run(test_id, ns):\n"
-                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
-                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
-                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                         f"from solutions.ch{CHAPTER} import *"],
-    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / f'ch{CHAPTER}.py')!r}).read())"],
-    "sys_exit": ["import sys\nsys.exit(0)"],
+    **common_tampering(CHAPTER),
 }
 
 

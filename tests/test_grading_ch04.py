@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 
-from catalog import Catalog, tampered
+from catalog import Catalog, tampered, common_tampering
 from conftest import ROOT, submission
 
 CHAPTER = "04_positional_encoding"
@@ -264,15 +264,8 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                         f"from solutions.ch{CHAPTER} import *"],
-    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / f'ch{CHAPTER}.py')!r}).read())"],
+    **common_tampering(CHAPTER),
     "read_hidden_tests": [f"print(open({str(ROOT / 'solutions' / f'ch{CHAPTER}_hidden.py')!r}).read()[:500])"],
-    "sys_exit": ["import sys\nsys.exit(0)"],
 }
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered
-from conftest import ROOT, submission
+from catalog import Catalog, tampered, common_tampering
+from conftest import submission
 
 CHAPTER = "06_efficient_attention"
 POINTS = {
@@ -451,14 +451,7 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                         f"from solutions.ch{CHAPTER} import *"],
-    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / f'ch{CHAPTER}.py')!r}).read())"],
-    "sys_exit": ["import sys\nsys.exit(0)"],
+    **common_tampering(CHAPTER),
 }
 
 # After the stubs: built-ins under the exercise names.

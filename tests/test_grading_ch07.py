@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered
+from catalog import Catalog, tampered, common_tampering
 from conftest import ROOT, submission
 
 CHAPTER = "07_gpt"
@@ -471,18 +471,8 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    "stub": [],
-    "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                       "torch.testing.assert_close = lambda *a, **k: None"],
-    "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
-                          "def run(test_id, ns):\n"
-                          "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
-                          "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': [{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
-                          "fake.run = run\nsys.modules['attn_probe'] = fake"],
+    **common_tampering(CHAPTER),
     "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom solutions.ch{CHAPTER} import *"],
-    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / f'ch{CHAPTER}.py')!r}).read())"],
-    "sys_exit": ["import sys\nsys.exit(0)"],
 }
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
