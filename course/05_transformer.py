@@ -964,12 +964,25 @@ assert torch.allclose(tm.encode(tm_src, tm_keep)[1, :4], tm.encode(tm_src2, tm_k
 
 # %% [test test_Transformer_decode points=1]
 """decode: target embeddings, then decoder layers with memory, tgt_mask and src_mask."""
+torch.manual_seed(7)
+tm = Transformer(src_vocab=11, tgt_vocab=9, d_model=16, num_heads=4, num_layers=2, d_ff=32, max_len=20)
+with torch.no_grad():                        # LayerNorms away from their defaults, so an extra norm shows
+    for tm_m in tm.modules():
+        if isinstance(tm_m, nn.LayerNorm):
+            tm_m.weight.uniform_(0.5, 1.5)
+            tm_m.bias.uniform_(-0.5, 0.5)
+tm_mem = torch.randn(2, 6, 16)                               # any memory: decode does not need encode
+tm_keep = (torch.arange(6) < torch.tensor([6, 4])[:, None])[:, None, None, :]
 tm_tgt = torch.randint(0, 9, (2, 5))
 tm_causal = torch.ones(5, 5, dtype=torch.bool).tril()
 tm_hidden = tm.decode(tm_tgt, tm_mem, tm_keep, tm_causal)
 assert isinstance(tm_hidden, torch.Tensor) and tm_hidden.shape == (2, 5, 16), \
     f"decode returns hidden states (B, N_tgt, d_model) = (2, 5, 16), not logits; got {getattr(tm_hidden, 'shape', tm_hidden)}"
 with torch.no_grad():
+    def tm_stack(x, layers, *args):
+        for layer in layers:
+            x = layer(x, *args)
+        return x
     tm_y = tm.tgt_embed(tm_tgt) * 4.0 + tm.pe[:5]
     assert not torch.allclose(tm_hidden, tm_stack(tm.src_embed(tm_tgt) * 4.0 + tm.pe[:5], tm.decoder_layers,
                                                   tm_mem, tm_causal, tm_keep), atol=1e-4), \
@@ -979,6 +992,16 @@ with torch.no_grad():
 
 # %% [test test_Transformer_forward points=1]
 """forward: logits = out(decode(tgt, encode(src, src_mask), src_mask, tgt_mask)), no softmax."""
+torch.manual_seed(7)
+tm = Transformer(src_vocab=11, tgt_vocab=9, d_model=16, num_heads=4, num_layers=2, d_ff=32, max_len=20)
+with torch.no_grad():                        # LayerNorms away from their defaults, so an extra norm shows
+    for tm_m in tm.modules():
+        if isinstance(tm_m, nn.LayerNorm):
+            tm_m.weight.uniform_(0.5, 1.5)
+            tm_m.bias.uniform_(-0.5, 0.5)
+tm_src, tm_tgt = torch.randint(0, 11, (2, 6)), torch.randint(0, 9, (2, 5))
+tm_keep = (torch.arange(6) < torch.tensor([6, 4])[:, None])[:, None, None, :]
+tm_causal = torch.ones(5, 5, dtype=torch.bool).tril()
 tm_logits = tm(tm_src, tm_tgt, tm_keep, tm_causal)
 assert isinstance(tm_logits, torch.Tensor) and tm_logits.shape == (2, 5, 9), \
     f"forward returns logits (B, N_tgt, tgt_vocab) = (2, 5, 9); got {getattr(tm_logits, 'shape', tm_logits)}"
