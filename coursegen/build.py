@@ -1,13 +1,19 @@
 """Turn a parsed chapter into its instructor notebook, reference and hidden modules."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
 
 import nbformat
 
+from coursekit import conventions as C
+from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS
 from coursekit.nbgrader_course import generate_assignment
+
+from .catalogs import po_path, translations
+from .translatable import translate_code, translate_markdown
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
@@ -33,16 +39,21 @@ def _nbgrader_meta(cell) -> dict | None:
     return None
 
 
-def instructor_notebook(chapter: Chapter) -> nbformat.NotebookNode:
+def instructor_notebook(chapter: Chapter, language: str = SOURCE_LANGUAGE) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
+    src = f"course/{chapter.path.name}"
+    if language != SOURCE_LANGUAGE:
+        src += f" and {po_path(f'chapters/{chapter.name}', language).relative_to(ROOT)}"
     nb.metadata = {
         "kernelspec": KERNELSPEC,
         "language_info": {"name": "python"},
         "course": {
             "chapter": chapter.name,
-            "note": NOTE.format(src=f"course/{chapter.path.name}"),
+            "note": NOTE.format(src=src),
         },
     }
+    if language != SOURCE_LANGUAGE:
+        nb.metadata["course"]["language"] = language
     for cell in chapter.cells:
         if cell.kind == "hidden":
             continue
@@ -110,13 +121,32 @@ def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> str
 
 def artefacts(chapter: Chapter) -> dict[Path, str]:
     """Every generated file of a chapter, path relative to the repository root -> text."""
-    instructor = instructor_notebook(chapter)
-    return {
-        Path("source") / chapter.name / f"{chapter.name}.ipynb": dumps_notebook(instructor),
-        Path("chapters") / f"{chapter.name}.ipynb": learner_notebook(chapter, instructor),
+    files = {
         Path("solutions") / f"{chapter.module}.py": reference_module(chapter),
         Path("solutions") / f"{chapter.module}_hidden.py": hidden_module(chapter),
     }
+    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):
+        edition = chapter if language == SOURCE_LANGUAGE else translated_chapter(chapter, language)
+        instructor = instructor_notebook(edition, language)
+        files[C.instructor_notebook(chapter.name, language).relative_to(ROOT)] = dumps_notebook(instructor)
+        files[C.learner_notebook(chapter.name, language).relative_to(ROOT)] = learner_notebook(edition, instructor)
+    return files
+
+
+def translated_chapter(chapter: Chapter, language: str) -> Chapter:
+    """CHAPTER with everything a reader reads looked up in its catalog (code untouched).
+
+    An entry not yet translated keeps its English; ``make test`` lists such entries.
+    """
+    found = translations(f"chapters/{chapter.name}", language).get
+
+    def cell_in(cell):
+        if cell.kind == "hidden":
+            return cell
+        if cell.kind == "markdown":
+            return dataclasses.replace(cell, source=translate_markdown(cell.source, found))
+        return dataclasses.replace(cell, source=translate_code(cell.source, cell.kind, found))
+    return dataclasses.replace(chapter, cells=[cell_in(c) for c in chapter.cells])
 
 
 def write(files: dict[Path, str]) -> None:
@@ -140,9 +170,10 @@ def drift(files: dict[Path, str]) -> list[str]:
 def clean_stale(chapters_seen: list[Chapter]) -> None:
     """Remove generated files of chapters whose source is gone."""
     names = {c.name for c in chapters_seen}
-    for nb in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"):
-        if nb.stem not in names:
-            nb.unlink()
-    for d in (ROOT / "source").glob("[0-9][0-9]_*"):
-        if d.name not in names:
-            shutil.rmtree(d)
+    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):
+        for nb in C.learner_notebook("x", language).parent.glob("[0-9][0-9]_*.ipynb"):
+            if nb.stem not in names:
+                nb.unlink()
+        for d in C.instructor_notebook("x", language).parent.parent.glob("[0-9][0-9]_*"):
+            if d.name not in names:
+                shutil.rmtree(d)

@@ -18,6 +18,10 @@ SOURCE_DIR = ROOT / "source"  # generated nbgrader instructor notebooks
 CHAPTERS_DIR = ROOT / "chapters"  # generated learner notebooks
 SOLUTIONS_PACKAGE = "solutions"  # generated reference and hidden-test modules
 
+SOURCE_LANGUAGE = "en"  # the language course/ is written in
+TRANSLATIONS = ("zh_CN",)  # each has catalogs in locales/<language>/LC_MESSAGES (see coursegen.catalogs)
+LOCALES_DIR = ROOT / "locales"
+
 CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -29,12 +33,26 @@ def chapter_names() -> list[str]:
     return [p.stem for p in sorted(COURSE_DIR.glob("[0-9][0-9]_*.py")) if CHAPTER_NAME.match(p.stem)]
 
 
-def instructor_notebook(chapter: str) -> Path:
-    return SOURCE_DIR / chapter / f"{chapter}.ipynb"
+def _edition(folder: Path, language: str) -> Path:
+    """English files sit in FOLDER; a translation's in FOLDER/<language>."""
+    if language != SOURCE_LANGUAGE and language not in TRANSLATIONS:
+        raise ValueError(f"no {language!r} edition (the course has {SOURCE_LANGUAGE}, {', '.join(TRANSLATIONS)})")
+    return folder if language == SOURCE_LANGUAGE else folder / language
 
 
-def learner_notebook(chapter: str) -> Path:
-    return CHAPTERS_DIR / f"{chapter}.ipynb"
+def instructor_notebook(chapter: str, language: str = SOURCE_LANGUAGE) -> Path:
+    return _edition(SOURCE_DIR, language) / chapter / f"{chapter}.ipynb"
+
+
+def learner_notebook(chapter: str, language: str = SOURCE_LANGUAGE) -> Path:
+    return _edition(CHAPTERS_DIR, language) / f"{chapter}.ipynb"
+
+
+def language_of(nb) -> str:
+    """The edition a notebook belongs to (its metadata says; English when it does not)."""
+    meta = nb.get("metadata", {}).get("course")
+    language = meta.get("language") if isinstance(meta, dict) else None
+    return language if language in TRANSLATIONS else SOURCE_LANGUAGE
 
 
 def reference_module(chapter: str) -> str:

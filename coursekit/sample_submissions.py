@@ -9,8 +9,8 @@ import nbformat
 from . import conventions as C
 
 
-def learner_notebook(chapter: str) -> nbformat.NotebookNode:
-    return nbformat.read(C.learner_notebook(chapter), as_version=4)
+def learner_notebook(chapter: str, language: str = C.SOURCE_LANGUAGE) -> nbformat.NotebookNode:
+    return nbformat.read(C.learner_notebook(chapter, language), as_version=4)
 
 
 def reference_answers(chapter: str) -> dict[str, str]:
@@ -21,14 +21,14 @@ def reference_answers(chapter: str) -> dict[str, str]:
 
 
 def submission(answers: dict[str, str] | None = None, *, base="reference", prepend=(), append=(),
-               chapter="02_self_attention") -> nbformat.NotebookNode:
+               chapter="02_self_attention", language=C.SOURCE_LANGUAGE) -> nbformat.NotebookNode:
     """A learner notebook with answer cells replaced.
 
     base: "reference" fills every answer with the reference, "stub" keeps the stubs;
     answers overrides single exercises; prepend/append add student cells right after
-    the export (imports) cell / at the end.
+    the export (imports) cell / at the end; language: the edition of the learner notebook.
     """
-    nb = learner_notebook(chapter)
+    nb = learner_notebook(chapter, language)
     filled = reference_answers(chapter) if base == "reference" else {}
     filled.update(answers or {})
     for cell in nb.cells:
