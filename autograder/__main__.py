@@ -6,9 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+
+from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS
+
+EDITIONS = [SOURCE_LANGUAGE, *TRANSLATIONS]
 
 
 def main(argv=None) -> int:
@@ -26,6 +31,8 @@ def main(argv=None) -> int:
     rel.add_argument("chapters", nargs="*", help="chapters (default: all)")
     rel.add_argument("--course", type=Path, required=True, help="nbgrader course folder")
     rel.add_argument("--to", type=Path, help="also copy the learner notebooks into this plain folder")
+    rel.add_argument("--language", default=EDITIONS[0], choices=EDITIONS,
+                     help="the edition to hand out (grade ids and hidden tests are the same in every edition)")
     col = sub.add_parser("collect", help="copy submissions into COURSE/submitted/<student>/<chapter>/")
     col.add_argument("source", type=Path, help="nbgrader submitted/ tree or a flat folder of <student>.ipynb")
     col.add_argument("--course", type=Path, required=True)
@@ -129,7 +136,8 @@ def _run_class_command(args) -> int:
         from .chapters import known
         from .release import release
         chapters = known()
-        for path in release(course, [chapters[c] for c in args.chapters or chapters], plain):
+        editions = [dataclasses.replace(chapters[c], language=args.language) for c in args.chapters or chapters]
+        for path in release(course, editions, plain):
             print(path)
     elif args.command == "collect":
         course = class_folder(args.course)

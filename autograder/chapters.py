@@ -12,10 +12,11 @@ from coursekit import conventions as C
 @dataclasses.dataclass(frozen=True)
 class ChapterInfo:
     name: str
+    language: str = C.SOURCE_LANGUAGE  # the edition: same grade ids and hidden tests, text in its language
 
     @property
     def instructor_notebook(self) -> Path:
-        return C.instructor_notebook(self.name)
+        return C.instructor_notebook(self.name, self.language)
 
     def reference(self):
         return importlib.import_module(C.reference_module(self.name))

@@ -18,11 +18,13 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import ClearHiddenTests
+from traitlets import Unicode
 
 from coursekit import conventions as C
 from coursekit import nbgrader_course
 
 from . import myst
+from .messages import msg, tell
 
 TEMPLATES = Path(__file__).resolve().parent / "feedback_template"
 MATHJAX_FOLDER = "_static/mathjax"  # in the feedback folder; no student id starts with "_"
@@ -34,16 +36,23 @@ MATHJAX_PARTS = ("tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/wof
 
 
 class PageResources(Preprocessor):
-    """What our template needs beside the notebook: MathJax locations and the admonition styles."""
+    """What our template needs beside the notebook: MathJax locations, the admonition styles,
+    and the page's own words in the submission's language."""
 
     enabled = True  # nbconvert preprocessors are off unless enabled
+    language = Unicode(C.SOURCE_LANGUAGE).tag(config=True)
 
     def preprocess(self, nb, resources):
-        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS}
+        words = {key: tell(text, self.language) for key, text in PAGE_WORDS.items()}
+        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS, "words": words,
+                                        "lang": self.language.replace("_", "-")}
         return nb, resources
 
 
-def generate_feedback(course: Path, chapter: str, student: str) -> dict:
+PAGE_WORDS = {"score": msg("Score"), "comment": msg("Comment"), "late": msg("Late submission penalty")}
+
+
+def generate_feedback(course: Path, chapter: str, student: str, language: str = C.SOURCE_LANGUAGE) -> dict:
     """nbgrader's generate_feedback for one submission, with our template and preprocessors.
 
     (``NbGraderAPI.generate_feedback`` forces nbgrader's own template, so the converter is
@@ -61,6 +70,7 @@ def generate_feedback(course: Path, chapter: str, student: str) -> dict:
         str(TEMPLATES), str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
     cfg.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, myst.MystDirectives,
                                           PageResources]
+    cfg.PageResources.language = language
     api = nbgrader_course.api(course, cfg)
     with temp_attrs(api.coursedir, assignment_id=chapter, student_id=student):
         app = GenerateFeedback(coursedir=api.coursedir, parent=api)
@@ -113,12 +123,14 @@ def render(course: Path, chapter, student: str, autograded: Path, outcomes, subm
         if outcome is None:
             cell.outputs = []  # the submission's own outputs stay in the submission
             continue
-        verdict = "passed" if not outcome.problems else "\n".join(f"- {p}" for p in outcome.problems)
+        told = [tell(p, chapter.language) for p in outcome.problems]
+        verdict = tell(msg("passed"), chapter.language) if not told else "\n".join(f"- {p}" for p in told)
+        points = tell(msg("{score} / {points} points: {verdict}", score=f"{outcome.score:g}",
+                          points=f"{outcome.points:g}", verdict=verdict), chapter.language)
         cell.outputs = [nbformat.v4.new_output(
-            "stream", name="stdout" if not outcome.problems else "stderr",
-            text=f"{outcome.score:g} / {outcome.points:g} points: {verdict}\n")]
+            "stream", name="stdout" if not outcome.problems else "stderr", text=points + "\n")]
     nbformat.write(nb, autograded)
-    result = generate_feedback(course, chapter.name, student)
+    result = generate_feedback(course, chapter.name, student, chapter.language)
     page = course / "feedback" / student / chapter.name / f"{chapter.name}.html"
     if not result["success"] or not page.exists():
         return None

@@ -113,7 +113,8 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
 
     outcomes = verdicts.judge(session, static, stopped=kernel.limit_reason)
     store_scores(course, info.name, student, {o.test_id: o.score for o in outcomes})
-    report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed)
+    report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed,
+                    language=info.language)
     if feedback_dir is not None or keep_course is not None:
         page = feedback.render(course, info, student, autograded, outcomes,
                                "\n".join(c.source for c in nb.cells))

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from .messages import from_tests, msg
+
 # Built-ins that solve a from-scratch exercise; the message says why it earns nothing.
 ATTENTION_BUILTINS = {
     "scaled_dot_product_attention": "torch.nn.functional.scaled_dot_product_attention",
@@ -309,9 +311,10 @@ def close(a, b, strict=False):
 
 def describe(value) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+        return msg("a {dtype} tensor of shape {shape}", dtype=str(value.dtype).replace("torch.", ""),
+                   shape=tuple(value.shape))
     if isinstance(value, tuple):
-        return f"a tuple of {len(value)}"
+        return msg("a tuple of {count}", count=len(value))
     return getattr(value, "description", type(value).__name__)  # transfer.Foreign says what it was
 
 
@@ -320,38 +323,41 @@ def _names(probe, index):
     if isinstance(target, torch.nn.Module):
         target = getattr(target, probe.method)
     params = list(inspect.signature(target).parameters)
-    return params[index] if index < len(params) else f"argument {index}"
+    return params[index] if index < len(params) else msg("argument {index}", index=index)
 
 
 def _structure_problem(student, expected, has_float_input=True) -> str | None:
     if isinstance(expected, ModuleState):
         if not isinstance(student, ModuleState):
-            return f"returned {describe(student)}; expected the model ({expected.type_name})"
+            return msg("returned {got}; expected the model ({type_name})", got=describe(student),
+                       type_name=expected.type_name)
         missing = sorted(set(expected.state) - set(student.state))
         if missing:
-            return f"returned a model without {', '.join(missing[:3])}"
+            return msg("returned a model without {names}", names=", ".join(missing[:3]))
         return None
     if isinstance(expected, tuple):
         if not isinstance(student, tuple) and not isinstance(student, list):
-            return f"returned {describe(student)}; expected a tuple of {len(expected)} " \
-                   "(output, weights)" if len(expected) == 2 else f"expected a tuple of {len(expected)}"
+            return msg("returned {got}; expected a tuple of {count} (output, weights)", got=describe(student),
+                       count=len(expected)) if len(expected) == 2 else \
+                msg("expected a tuple of {count}", count=len(expected))
         if len(student) != len(expected):
-            return f"returned {len(student)} values; expected {len(expected)}"
+            return msg("returned {count} values; expected {expected}", count=len(student), expected=len(expected))
         for i, (s, e) in enumerate(zip(student, expected)):
             problem = _structure_problem(s, e, has_float_input)
             if problem:
-                return f"item {i}: {problem}"
+                return msg("item {index}: {problem}", index=i, problem=problem)
         return None
     if isinstance(expected, torch.Tensor):
         if not isinstance(student, torch.Tensor):
-            return f"returned {describe(student)}; expected {describe(expected)}"
+            return msg("returned {got}; expected {expected}", got=describe(student), expected=describe(expected))
         if student.shape != expected.shape:
-            return f"returned shape {tuple(student.shape)}; expected {tuple(expected.shape)}"
+            return msg("returned shape {got}; expected {expected}", got=tuple(student.shape),
+                       expected=tuple(expected.shape))
         if student.dtype != expected.dtype:
-            keep = ("" if not expected.is_floating_point() else " (keep the input's dtype)"
-                    if has_float_input else " (torch's default dtype)")
-            return f"returned dtype {str(student.dtype).replace('torch.', '')}; expected " \
-                   f"{str(expected.dtype).replace('torch.', '')}{keep}"
+            keep = (msg("") if not expected.is_floating_point() else msg(" (keep the input's dtype)")
+                    if has_float_input else msg(" (torch's default dtype)"))
+            return msg("returned dtype {got}; expected {expected}{keep}", got=str(student.dtype).replace("torch.", ""),
+                       expected=str(expected.dtype).replace("torch.", ""), keep=keep)
     return None
 
 
@@ -374,38 +380,42 @@ def values_match(student, expected, strict=False) -> bool:
 def _which_output_differs(student, expected, strict=False) -> str:
     if isinstance(expected, ModuleState):
         key = next(k for k, v in expected.state.items() if not close(student.state[k], v, strict))
-        return f"the model's `{key}` differs"
+        return msg("the model's `{key}` differs", key=key)
     if isinstance(expected, tuple) and len(expected) == 2:
         parts = [name for name, s, e in zip(("output", "weights"), student, expected)
                  if not values_match(s, e, strict)]
-        return " and ".join(parts) + (" differ" if len(parts) > 1 else " differs")
-    return "values differ"
+        if len(parts) == 2:
+            return msg("output and weights differ")
+        return msg("output differs") if parts == ["output"] else msg("weights differ")
+    return msg("values differ")
 
 
 def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
     """Problems found in one probe's result; an empty list means it passed."""
-    where = f" ({probe.label})" if probe.label else ""
+    where = msg(" ({label})", label=from_tests(probe.label)) if probe.label else msg("")
+    target = probe.target
     status = got.get("status")
     if status == "missing":
-        return [f"`{probe.target}` is not defined: did its cell run without errors?"]
+        return [msg("`{target}` is not defined: did its cell run without errors?", target=target)]
     if status == "timeout":
-        return [f"`{probe.target}` ran longer than {probe.time_limit:g} s{where}: an endless loop?"]
+        return [msg("`{target}` ran longer than {seconds} s{where}: an endless loop?", target=target,
+                    seconds=f"{probe.time_limit:g}", where=where)]
     if status == "not-run":
         return [got["reason"]]
     used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
     # The exercise's own class may share a built-in's name (Chapter 5's `Transformer`): not a use of it.
     used += sorted(f"nn.{m}" for m in (set(got.get("submodules", [])) - {probe.target}) & BUILTIN_MODULES)
     if probe.target in builtin_names and used:
-        return [f"`{probe.target}` calls {', '.join(used)}: this exercise asks you to build it "
-                "from scratch, so it earns no marks"]
+        return [msg("`{target}` calls {names}: this exercise asks you to build it from scratch, so it earns "
+                    "no marks", target=target, names=", ".join(used))]
     if status != "ok":
         error = got.get("error", "unknown error")
         if error.startswith("NotImplementedError"):
-            return [f"`{probe.target}` is not implemented yet (it raises NotImplementedError)"]
+            return [msg("`{target}` is not implemented yet (it raises NotImplementedError)", target=target)]
         if "in-place operation" in error:
-            return [f"`{probe.target}` modifies an input in place{where}; return new tensors "
-                    f"instead ({error})"]
-        return [f"`{probe.target}` raised {error}{where}"]
+            return [msg("`{target}` modifies an input in place{where}; return new tensors instead ({error})",
+                        target=target, where=where, error=error)]
+        return [msg("`{target}` raised {error}{where}", target=target, error=error, where=where)]
     expected, reference_args = _call_reference(probe, with_grad=False, keep_args=True)
     expected = _as_judged(expected)
     student = got["value"]
@@ -415,31 +425,32 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
     if problem:
         # A mistake can change the shape too (a width taken from the data, not the argument).
         named = _matching_mistake(probe, student, expected)
-        return [f"{named}{where}" if named else f"`{probe.target}` {problem}{where}"]
+        return [msg("{mistake}{where}", mistake=named, where=where) if named else
+                msg("`{target}` {problem}{where}", target=target, problem=problem, where=where)]
     problems = []
     if not _matches(probe, student, expected):
         named = _matching_mistake(probe, student, expected)
         if named:
-            return [f"{named}{where}"]
-        problems.append(f"`{probe.target}`: {_which_output_differs(student, expected, probe.strict)} from the "
-                        f"reference{where}")
+            return [msg("{mistake}{where}", mistake=named, where=where)]
+        problems.append(msg("`{target}`: {what} from the reference{where}", target=target,
+                            what=_which_output_differs(student, expected, probe.strict), where=where))
         for check in probe.checks:
             hint = check(probe, student)
             if hint:
-                problems.append(hint)
+                problems.append(from_tests(hint))
         return problems
     for check in probe.checks:
         hint = check(probe, student)
         if hint:
-            problems.append(hint)
+            problems.append(from_tests(hint))
     changed = [i for i, (sent, after) in enumerate(zip(probe.args, got.get("inputs_after", [])))
                if isinstance(sent, torch.Tensor) and not (isinstance(after, torch.Tensor)
                                                          and after.shape == sent.shape
                                                          and torch.equal(after, sent.detach()))]
     if changed:
         names = ", ".join(f"`{_names(probe, i)}`" for i in changed)
-        problems.append(f"`{probe.target}` modified its input {names} in place; "
-                        "return new tensors instead")
+        problems.append(msg("`{target}` modified its input {names} in place; return new tensors instead",
+                            target=target, names=names))
     problems += _model_arguments_after(probe, got, reference_args)
     if probe.cotangents:
         problems += _judge_grads(probe, got)
@@ -459,9 +470,10 @@ def _model_arguments_after(probe, got, reference_args) -> list[str]:
             continue
         name = _names(probe, i)
         changes = not values_match(want, ModuleState.of(sent.module))
-        problems.append(f"`{probe.target}` did not update `{name}` in place: copy the weights into the "
-                        f"model it was given" if changes else
-                        f"`{probe.target}` changed the parameters of `{name}`; leave the model as it is")
+        problems.append(msg("`{target}` did not update `{name}` in place: copy the weights into the model it "
+                            "was given", target=probe.target, name=name) if changes else
+                        msg("`{target}` changed the parameters of `{name}`; leave the model as it is",
+                            target=probe.target, name=name))
     return problems
 
 
@@ -476,13 +488,14 @@ def _matching_mistake(probe, student, expected) -> str | None:
             continue
         wrong = _as_judged(wrong)
         if _matches(probe, student, _as_tuple(wrong) if isinstance(expected, tuple) else wrong):
-            return mistake.message
+            return from_tests(mistake.message)
     return None
 
 
 def _judge_grads(probe, got) -> list[str]:
     if "grad_error" in got:
-        return [f"backpropagating through `{probe.target}` failed: {got['grad_error']}"]
+        return [msg("backpropagating through `{target}` failed: {error}", target=probe.target,
+                    error=got["grad_error"])]
     out, args = _call_reference(probe, with_grad=True)
     outs = [o for o in _as_tuple(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
     loss = sum((o * c).sum() for o, c in zip(outs, probe.cotangents) if o.requires_grad)
@@ -498,10 +511,10 @@ def _judge_grads(probe, got) -> list[str]:
         if want is None:
             continue
         if have is None:
-            return [f"no gradient reaches `{name}`: is part of the computation detached "
-                    "(.detach(), .data, .item(), numpy)?"]
+            return [msg("no gradient reaches `{name}`: is part of the computation detached "
+                        "(.detach(), .data, .item(), numpy)?", name=name)]
         if not close(have, want, probe.strict):
-            return [f"the gradient with respect to `{name}` differs from the reference"]
+            return [msg("the gradient with respect to `{name}` differs from the reference", name=name)]
     return []
 
 
@@ -512,7 +525,7 @@ def rows_sum_to_one(probe, value):
         if weights.is_floating_point() and weights.numel():
             sums = weights.sum(-1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-                return "weights rows do not sum to 1: take the softmax over the last dimension (the keys)"
+                return msg("weights rows do not sum to 1: take the softmax over the last dimension (the keys)")
     return None
 
 

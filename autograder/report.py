@@ -5,10 +5,14 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coursekit.conventions import SOURCE_LANGUAGE
+
+from .messages import msg, tell
+
 if TYPE_CHECKING:  # verdicts imports torch: keep this module light
     from .verdicts import TestOutcome
 
-UNSANDBOXED_NOTE = "graded WITHOUT the OS sandbox (--unsandboxed): only the audit hook contained the code"
+UNSANDBOXED_NOTE = msg("graded WITHOUT the OS sandbox (--unsandboxed): only the audit hook contained the code")
 
 
 @dataclasses.dataclass
@@ -19,8 +23,10 @@ class Report:
     feedback_html: Path | None = None
     repairs: list[str] = dataclasses.field(default_factory=list)
     sandboxed: bool = True
+    language: str = SOURCE_LANGUAGE  # the submission's edition: the text report is told in it
 
     def as_json(self) -> dict:
+        """The spec's JSON: the same keys and English messages whatever the submission's language."""
         exercises: dict[str, dict] = {}
         for o in self.outcomes:
             entry = exercises.setdefault(o.exercise, {"score": 0.0, "max_score": 0.0, "feedback": []})
@@ -36,15 +42,24 @@ class Report:
                 "exercises": exercises}
 
     def as_text(self) -> str:
+        """The report for people, in the submission's language."""
         data = self.as_json()
-        lines = [f"{data['notebook']}: {data['score']:g} / {data['max_score']:g} points"]
+
+        def told(message):
+            return tell(message, self.language)
+        lines = [told(msg("{notebook}: {score} / {max_score} points", notebook=data["notebook"],
+                          score=f"{data['score']:g}", max_score=f"{data['max_score']:g}"))]
         if not self.sandboxed:
-            lines.append(f"note: {UNSANDBOXED_NOTE}")
+            lines.append(told(msg("note: {note}", note=UNSANDBOXED_NOTE)))
         for name, ex in data["exercises"].items():
             lines.append(f"\n{name}: {ex['score']:g} / {ex['max_score']:g}")
-            lines += [f"  {line}" for line in ex["feedback"]]
+            for o in (o for o in self.outcomes if o.exercise == name):
+                head = f"{o.test_id} ({o.score:g}/{o.points:g}): "
+                lines += [f"  {head}{tell(p, self.language)}" for p in o.problems] or \
+                    [f"  {head}{told(msg('passed'))}"]
         if self.repairs:
-            lines.append("\nrepaired before grading: " + "; ".join(self.repairs))
+            lines.append("\n" + told(msg("repaired before grading: {notes}",
+                                         notes="; ".join(tell(r, self.language) for r in self.repairs))))
         if self.feedback_html:
-            lines.append(f"\nfeedback: {self.feedback_html}")
+            lines.append("\n" + told(msg("feedback: {path}", path=str(self.feedback_html))))
         return "\n".join(lines)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 
 from . import hidden as H
+from .messages import msg
 
 BANNED_ATTRIBUTES = set(H.ATTENTION_BUILTINS) | H.BUILTIN_MODULES | {"_scaled_dot_product_efficient_attention", "aten"}
 
@@ -101,7 +102,7 @@ class _Finder(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node):
         if node.name in ("__torch_function__", "__torch_dispatch__"):
-            self.hit(f"defines {node.name}, which intercepts torch's calls")
+            self.hit(msg("defines {name}, which intercepts torch's calls", name=node.name))
         self.generic_visit(node)
 
     # imports ------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class _Finder(ast.NodeVisitor):
                 for part in alias.name.split(".")[1:]:
                     self._torch_part(part, alias.name)
             elif top in DYNAMIC_MODULES:
-                self.hit(f"reaches {DYNAMIC_MODULES[top]} (import {alias.name})")
+                self.hit(msg("reaches {what} ({code})", what=DYNAMIC_MODULES[top], code=f"import {alias.name}"))
             elif top == "sys":
                 self.sys_names.add(bound)
         self.generic_visit(node)
@@ -124,7 +125,7 @@ class _Finder(ast.NodeVisitor):
         names = [a.name for a in node.names]
         banned = next((n for n in names if n in BANNED_ATTRIBUTES), None)
         if banned:
-            self.hit(f"uses {_builtin_name(banned)}")
+            self.hit(msg("uses {name}", name=_builtin_name(banned)))
         if top == "torch":
             for part in module.split(".")[1:]:
                 self._torch_part(part, module)
@@ -132,60 +133,60 @@ class _Finder(ast.NodeVisitor):
                 self._torch_part(alias.name, f"{module}.{alias.name}")
                 self.torch_names.add(alias.asname or alias.name)
         elif top in DYNAMIC_MODULES:
-            self.hit(f"reaches {DYNAMIC_MODULES[top]} (from {module} import ...)")
+            self.hit(msg("reaches {what} ({code})", what=DYNAMIC_MODULES[top], code=f"from {module} import ..."))
         elif top == "sys" and any(n in DYNAMIC_ATTRIBUTES or n.startswith("_") for n in names):
-            self.hit(f"reaches sys.{next(n for n in names if n in DYNAMIC_ATTRIBUTES or n.startswith('_'))}")
+            self.hit(msg("reaches {what}", what="sys." + next(n for n in names if n in DYNAMIC_ATTRIBUTES or n.startswith("_"))))
         elif top == "operator" and any(n in ATTRGETTERS for n in names):
-            self.hit(f"uses operator.{next(n for n in names if n in ATTRGETTERS)} (a computed attribute lookup)")
+            self.hit(msg("uses {name} (a computed attribute lookup)", name="operator." + next(n for n in names if n in ATTRGETTERS)))
         self.generic_visit(node)
 
     def _torch_part(self, part, where):
         if part in TORCH_INTERNALS:
-            self.hit(f"reaches {TORCH_INTERNALS[part]} ({where})")
+            self.hit(msg("reaches {what} ({code})", what=TORCH_INTERNALS[part], code=where))
         elif part.startswith("_") and not part.startswith("__"):
-            self.hit(f"reaches torch's private internals ({where})")
+            self.hit(msg("reaches torch's private internals ({code})", code=where))
 
     # attributes, names, calls ---------------------------------------------------------
     def visit_Attribute(self, node):
         attr = node.attr
         if attr in BANNED_ATTRIBUTES:
-            self.hit(f"uses {_builtin_name(attr)}")
+            self.hit(msg("uses {name}", name=_builtin_name(attr)))
         root = _root(node)
         if root in self.torch_names:
             parts = _chain(node).split(".")[1:]
             internal = next((p for p in parts if p in TORCH_INTERNALS), None)
             if internal:
-                self.hit(f"reaches {TORCH_INTERNALS[internal]} ({_chain(node)})")
+                self.hit(msg("reaches {what} ({code})", what=TORCH_INTERNALS[internal], code=_chain(node)))
             elif any(p.startswith("_") and not p.startswith("__") for p in parts):
-                self.hit(f"reaches torch's private internals ({_chain(node)})")
+                self.hit(msg("reaches torch's private internals ({code})", code=_chain(node)))
         if attr == "modules" or attr == "_getframe":
             if root in self.sys_names:
-                self.hit(f"reaches sys.{attr} ({_chain(node)})")
+                self.hit(msg("reaches {what} ({code})", what=f"sys.{attr}", code=_chain(node)))
         elif attr in DYNAMIC_ATTRIBUTES:
-            self.hit(f"reaches {attr} ({_chain(node)}), a lookup by computed name")
+            self.hit(msg("reaches {what} ({code}), a lookup by computed name", what=attr, code=_chain(node)))
         if attr in ATTRGETTERS and root == "operator":
-            self.hit(f"uses operator.{attr} (a computed attribute lookup)")
+            self.hit(msg("uses {name} (a computed attribute lookup)", name=f"operator.{attr}"))
         self.generic_visit(node)
 
     def visit_Name(self, node):
         if node.id in DYNAMIC_CALLS and id(node) not in self.called:
-            self.hit(f"passes {node.id} around, which runs or looks up code by a name computed at run time")
+            self.hit(msg("passes {name} around, which runs or looks up code by a name computed at run time", name=node.id))
         elif node.id == "getattr" and id(node) not in self.called:
-            self.hit("passes getattr around as a value (a lookup by computed name)")
+            self.hit(msg("passes getattr around as a value (a lookup by computed name)"))
         elif node.id in DYNAMIC_NAMES:
-            self.hit(f"reaches {DYNAMIC_NAMES[node.id]}")
+            self.hit(msg("reaches {what}", what=DYNAMIC_NAMES[node.id]))
         elif node.id in DYNAMIC_MODULES and isinstance(node.ctx, ast.Load) and node.id not in ("types",):
-            self.hit(f"reaches {DYNAMIC_MODULES[node.id]}")
+            self.hit(msg("reaches {what}", what=DYNAMIC_MODULES[node.id]))
         self.generic_visit(node)
 
     def visit_Call(self, node):  # noqa: C901
         func = node.func
         name = func.id if isinstance(func, ast.Name) else None
         if name in DYNAMIC_CALLS:
-            self.hit(f"calls {DYNAMIC_CALLS[name]}, which runs or looks up code by a name computed at run time")
+            self.hit(msg("calls {name}, which runs or looks up code by a name computed at run time", name=DYNAMIC_CALLS[name]))
         own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self" if node.args else False
         if name == "getattr" and len(node.args) >= 2 and _folded(node.args[1]) is None and not own:
-            self.hit(f"calls getattr() with a computed attribute name ({ast.unparse(node.args[1])[:40]})")
+            self.hit(msg("calls getattr() with a computed attribute name ({code})", code=ast.unparse(node.args[1])[:40]))
         if isinstance(func, ast.Name):
             self.called.add(id(func))
         self._check_folded(node)
@@ -193,7 +194,7 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Constant(self, node):
         if isinstance(node.value, str) and node.value in BANNED_ATTRIBUTES:
-            self.hit(f"uses {_builtin_name(node.value)}")
+            self.hit(msg("uses {name}", name=_builtin_name(node.value)))
 
     def visit_BinOp(self, node):
         self._check_folded(node)
@@ -205,7 +206,7 @@ class _Finder(ast.NodeVisitor):
         text = _folded(node)
         banned = next((b for b in sorted(BANNED_ATTRIBUTES) if len(b) > 5 and b in (text or "")), None)
         if banned:
-            self.hit(f"uses {_builtin_name(banned)} (its name assembled from pieces)")
+            self.hit(msg("uses {name} (its name assembled from pieces)", name=_builtin_name(banned)))
         if not isinstance(node, ast.Call):
             self.generic_visit(node)
 
@@ -226,7 +227,7 @@ def find_forbidden(source: str) -> str | None:
         return None
     # Name the built-in first when there is one, then what else was reached.
     findings = sorted(finder.findings, key=lambda f: not f.startswith("uses "))
-    return " and ".join(findings[:2])
+    return findings[0] if len(findings) == 1 else msg("{first} and {second}", first=findings[0], second=findings[1])
 
 
 def static_builtin_use(nb, from_scratch) -> dict[str, str]:
@@ -239,6 +240,6 @@ def static_builtin_use(nb, from_scratch) -> dict[str, str]:
             continue
         what = find_forbidden(cell.source)
         if what:
-            found[name] = (f"`{name}` {what}: this exercise asks you to build it from scratch, "
-                           "so it earns no marks")
+            found[name] = msg("`{name}` {what}: this exercise asks you to build it from scratch, so it earns "
+                              "no marks", name=name, what=what)
     return found

@@ -1,12 +1,14 @@
 """Read a submitted notebook and say in one line why it cannot be graded, if it cannot."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from coursekit import conventions as C
 
 from .chapters import ChapterInfo, known
+from .messages import msg
 
 MAX_BYTES = 50 * 1024 * 1024
 
@@ -47,7 +49,7 @@ def load(path: Path, chapter: str | None = None):
         raise SubmissionError(
             f"{path.name}: cannot tell which chapter this is (file name or metadata "
             f"course.chapter should be one of: {', '.join(chapters) or 'none'})")
-    return nb, chapters[name]
+    return nb, dataclasses.replace(chapters[name], language=C.language_of(nb))
 
 
 def _chapter_name(path: Path, nb, chapters) -> str | None:
@@ -78,11 +80,12 @@ def repaired(nb, release):
         course_cell = by_id.get(grade_id)
         if course_cell is None or grade_id in seen:
             if course_cell is not None and C.is_test_cell(course_cell):
-                notes.append(f"a duplicate of test cell {grade_id} was ignored")
+                notes.append(msg("a duplicate of test cell {grade_id} was ignored", grade_id=grade_id))
                 continue
             if "nbgrader" in cell.metadata:
-                notes.append(f"cell metadata {grade_id!r} is not a cell of this chapter" if course_cell is None
-                             else f"a duplicate of answer cell {grade_id} is graded as plain code")
+                notes.append(msg("cell metadata {grade_id} is not a cell of this chapter", grade_id=repr(grade_id))
+                             if course_cell is None else
+                             msg("a duplicate of answer cell {grade_id} is graded as plain code", grade_id=grade_id))
             cell = _copy(cell)
             cell.metadata.pop("nbgrader", None)
             cells.append(cell)
@@ -92,13 +95,13 @@ def repaired(nb, release):
         if C.is_answer_cell(course_cell):
             fixed.source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         if cell.cell_type != course_cell.cell_type:
-            notes.append(f"cell {grade_id} had its type changed; it was restored")
+            notes.append(msg("cell {grade_id} had its type changed; it was restored", grade_id=grade_id))
         cells.append(fixed)
     for index, course_cell in enumerate(released):
         grade_id = C.grade_id(course_cell)
         if grade_id in seen or not C.is_test_cell(course_cell):
             continue
-        notes.append(f"test cell {grade_id} was missing; it was restored")
+        notes.append(msg("test cell {grade_id} was missing; it was restored", grade_id=grade_id))
         before = {C.grade_id(c) for c in released[:index]}
         at = max((i + 1 for i, c in enumerate(cells) if C.grade_id(c) in before), default=0)
         cells.insert(at, _copy(course_cell))

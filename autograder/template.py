@@ -24,11 +24,11 @@ def course_template(chapter: ChapterInfo) -> Path:
     cache = cache_dir()
     source = chapter.instructor_notebook.read_bytes()
     key = hashlib.sha256(source + nbgrader.__version__.encode()).hexdigest()[:16]
-    template = cache / f"{chapter.name}-{key}"
+    template = cache / f"{chapter.name}-{chapter.language}-{key}"
     if (template / "ready").exists():
         return template
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"{chapter.name}.lock", "w") as lock:
+    with open(cache / f"{chapter.name}-{chapter.language}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (template / "ready").exists():
             return template

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import hidden as H
+from .messages import from_tests, msg
 
 
 @dataclasses.dataclass
@@ -34,16 +35,16 @@ def _judge_test(session, test_id, stopped) -> list[str]:
     got = session.results(test_id)
     if got is None:
         if stopped:
-            return [f"this test did not run: {stopped}"]
-        return ["this test did not run (the kernel died, timed out or stopped before it)"]
+            return [msg("this test did not run: {why}", why=stopped)]
+        return [msg("this test did not run (the kernel died, timed out or stopped before it)")]
     probes = session.probes[test_id]
     for probe, result in zip(probes, got):
         problems = H.judge_probe(probe, result, session.hidden.from_scratch)
         if problems:
             return problems
     if len(got) < len(probes):
-        return ["this test did not finish (the kernel stopped part way)"
-                + (f": {stopped}" if stopped else "")]
+        return [msg("this test did not finish (the kernel stopped part way): {why}", why=stopped) if stopped
+                else msg("this test did not finish (the kernel stopped part way)")]
     return _memory_problem(session, test_id)
 
 
@@ -55,8 +56,8 @@ def _memory_problem(session, test_id) -> list[str]:
     limit, message = rule
     rise = session.memory_rise.get(test_id)
     if rise is None:
-        return [f"{message} (the grader could not measure this test's memory)"]
+        return [msg("{rule} (the grader could not measure this test's memory)", rule=from_tests(message))]
     if rise > limit:
-        return [f"{message} (memory rose by {rise / 2**20:.0f} MiB during this test; "
-                f"the limit is {limit / 2**20:.0f} MiB)"]
+        return [msg("{rule} (memory rose by {rise} MiB during this test; the limit is {limit} MiB)",
+                    rule=from_tests(message), rise=f"{rise / 2**20:.0f}", limit=f"{limit / 2**20:.0f}")]
     return []
