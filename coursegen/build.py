@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +18,7 @@ from .translatable import translate_code, translate_markdown
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
+PYPLOT_IMPORT = re.compile(r"^import matplotlib\.pyplot as plt$", re.M)
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
@@ -137,6 +139,7 @@ def translated_chapter(chapter: Chapter, language: str) -> Chapter:
     """CHAPTER with everything a reader reads looked up in its catalog (code untouched).
 
     An entry not yet translated keeps its English; ``make test`` lists such entries.
+    The given cell that imports pyplot also picks a font for the edition's script.
     """
     found = translations(f"chapters/{chapter.name}", language).get
 
@@ -145,7 +148,10 @@ def translated_chapter(chapter: Chapter, language: str) -> Chapter:
             return cell
         if cell.kind == "markdown":
             return dataclasses.replace(cell, source=translate_markdown(cell.source, found))
-        return dataclasses.replace(cell, source=translate_code(cell.source, cell.kind, found))
+        source = translate_code(cell.source, cell.kind, found)
+        if cell.kind == "code" and PYPLOT_IMPORT.search(source):
+            source = source.rstrip("\n") + C.figure_font_setup(language)
+        return dataclasses.replace(cell, source=source)
     return dataclasses.replace(chapter, cells=[cell_in(c) for c in chapter.cells])
 
 

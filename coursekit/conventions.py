@@ -21,6 +21,9 @@ SOLUTIONS_PACKAGE = "solutions"  # generated reference and hidden-test modules
 SOURCE_LANGUAGE = "en"  # the language course/ is written in
 TRANSLATIONS = ("zh_CN",)  # each has catalogs in locales/<language>/LC_MESSAGES (see coursegen.catalogs)
 LOCALES_DIR = ROOT / "locales"
+# Fonts an edition's figures fall back to for glyphs DejaVu Sans lacks: the first one installed wins.
+FIGURE_FONTS = {"zh_CN": ("Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", "Microsoft YaHei",
+                          "SimHei", "WenQuanYi Zen Hei")}
 
 CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -53,6 +56,20 @@ def language_of(nb) -> str:
     meta = nb.get("metadata", {}).get("course")
     language = meta.get("language") if isinstance(meta, dict) else None
     return language if language in TRANSLATIONS else SOURCE_LANGUAGE
+
+
+def figure_font_setup(language: str) -> str:
+    """Code a translated notebook runs after importing pyplot, so its figures draw its script."""
+    if language not in FIGURE_FONTS:
+        return ""
+    fonts = ", ".join(f'"{name}"' for name in FIGURE_FONTS[language])
+    return (
+        "\n\n# Figure text in this edition's script: DejaVu Sans draws Latin letters, the first of\n"
+        "# these fonts this machine has draws the rest (with none, matplotlib draws boxes and warns).\n"
+        "from matplotlib import font_manager\n"
+        f"_figure_fonts = ({fonts})\n"
+        "_installed_fonts = {font.name for font in font_manager.fontManager.ttflist}\n"
+        'plt.rcParams["font.family"] = ["DejaVu Sans", *(f for f in _figure_fonts if f in _installed_fonts)]')
 
 
 def reference_module(chapter: str) -> str:

@@ -20,7 +20,7 @@ from conftest import ROOT, grade_notebooks, submission
 
 from coursegen import catalogs
 from coursegen.front_matter import glossary
-from coursekit.conventions import chapter_names, with_python_bin_on_path
+from coursekit.conventions import chapter_names, figure_font_setup, with_python_bin_on_path
 
 LANGUAGE = "zh_CN"
 CHAPTERS = chapter_names()
@@ -110,8 +110,12 @@ def test_chinese_learner_notebook_matches_the_english_one(chapter):
         assert en.cell_type == zh.cell_type and meta[0] == meta[1]
         if zh.cell_type == "code":
             assert zh.outputs == [] and zh.execution_count is None
-            assert _code_without_text(zh.source) == _code_without_text(en.source), \
+            code = zh.source.replace(figure_font_setup(LANGUAGE), "")
+            assert _code_without_text(code) == _code_without_text(en.source), \
                 f"{chapter}: the translation changed code, not only text:\n{zh.source[:300]}"
+    setups = [c for c in chinese.cells if figure_font_setup(LANGUAGE) in c.source]
+    assert len(setups) == 1 and "import matplotlib.pyplot as plt" in setups[0].source, \
+        f"{chapter}: the cell importing pyplot must pick a Chinese figure font, once"
     markdown = [c.source for c in chinese.cells if c.cell_type == "markdown"]
     assert sum(bool(HAN.search(m)) for m in markdown) >= 0.9 * len(markdown), "markdown cells left in English"
 
