@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install sandbox generate check-generated book test grade clean
+.PHONY: install sandbox fonts generate check-generated book test grade clean
 
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,9 +21,18 @@ generate: $(INSTALLED)
 check-generated: $(INSTALLED)
 	$(PY) -m coursegen --check
 
-## Build the book into _build/html
-book: $(INSTALLED)
+## Build both editions of the book: English in _build/html, Chinese in _build/html/zh_CN
+book: $(INSTALLED) fonts
 	$(PY) -m coursegen.book
+
+## The CJK font the Chinese edition's figures and pages are drawn with: installed when root on Debian
+fonts:
+	@fc-list :lang=zh 2>/dev/null | grep -q . || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-cjk >/dev/null; \
+	  else \
+	    echo "make: the Chinese edition needs a CJK font: install it (Debian/Ubuntu: apt-get install fonts-noto-cjk)" >&2; exit 1; \
+	  fi; }
 
 ## The grader's OS sandbox (bubblewrap): installed when root on Debian, else one line says what is missing
 sandbox:
@@ -35,7 +44,7 @@ sandbox:
 	  fi; }
 
 ## Run every test (CI runs this)
-test: $(INSTALLED) sandbox
+test: $(INSTALLED) sandbox fonts
 	$(PY) -m pytest tests
 
 ## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb

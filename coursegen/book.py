@@ -1,13 +1,20 @@
-"""``python -m coursegen.book``: build the Jupyter Book into ``_build/html``.
+"""``python -m coursegen.book``: build both editions of the Jupyter Book into ``_build/html``.
 
 Each learner notebook is executed once with the reference solution standing in for
 its stubs (cached by content hash); its outputs are then copied onto the learner
 notebook, so the book shows figures made by the reference while every exercise cell
 shows only its stub. The page's download button serves the plain learner notebook.
+
+The English edition is ``_build/html``; each translation is ``_build/html/<language>``,
+built from its own learner notebooks (made from the catalogs, see ``coursegen.catalogs``)
+with Sphinx's ``language`` set, so the theme speaks it too. Every page links to the same
+page in the other edition (``coursegen.language_switch``). Figures are drawn with a CJK
+font as fallback (Noto Sans CJK, installed by ``make fonts``).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -20,24 +27,34 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from coursekit.conventions import is_test_cell, with_python_bin_on_path
+import yaml
+
+from coursekit import conventions as C
+from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS, is_test_cell, with_python_bin_on_path
 
 from . import ROOT, chapters, strip_solution_markers
+from .catalogs import FRONT_MATTER, translations
+from .front_matter import translated_page
 
 BUILD = ROOT / "_build"
 STAGE = BUILD / "src"
 EXEC_CACHE = BUILD / "executed"
-BOOK_FILES = ("_config.yml", "_toc.yml", "intro.md", "instructors.md", "README.md")  # README: included
+HTML = BUILD / "html"
+BOOK_PAGES = ("intro.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
+BOOK_DATA = ("_toc.yml", "locales/glossary.csv")
+# The words of the link to the other edition, in that edition's language.
+EDITION_NAMES = {SOURCE_LANGUAGE: "English", "zh_CN": "中文"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
 
 
-def executed_chapter(chapter) -> nbformat.NotebookNode:
-    learner_path = ROOT / "chapters" / f"{chapter.name}.ipynb"
+def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.NotebookNode:
+    learner_path = C.learner_notebook(chapter.name, language)
     learner = nbformat.read(learner_path, as_version=4)
     solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
     key = hashlib.sha256(learner_path.read_bytes() + repr(sorted(solutions.items())).encode()).hexdigest()[:16]
-    cached = EXEC_CACHE / f"{chapter.name}-{key}.ipynb"
+    prefix = chapter.name if language == SOURCE_LANGUAGE else f"{chapter.name}.{language}"
+    cached = EXEC_CACHE / f"{prefix}-{key}.ipynb"
     if cached.exists():
         return nbformat.read(cached, as_version=4)
     run = nbformat.from_dict(learner)
@@ -46,16 +63,17 @@ def executed_chapter(chapter) -> nbformat.NotebookNode:
         if grade_id in solutions:
             cell.source = solutions[grade_id]
     started = time.perf_counter()
+    require_figure_font(language)
     with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd:  # files a chapter writes
         NotebookClient(run, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
-    print(f"executed {chapter.name} with the reference in {time.perf_counter() - started:.1f} s")
+    print(f"executed {prefix} with the reference in {time.perf_counter() - started:.1f} s")
     for cell, done in zip(learner.cells, run.cells):
         if cell.cell_type == "code":
             cell.outputs = [] if cell.metadata.get("nbgrader", {}).get("solution") else done.outputs
             cell.execution_count = None
     EXEC_CACHE.mkdir(parents=True, exist_ok=True)
-    for old in EXEC_CACHE.glob(f"{chapter.name}-*.ipynb"):
+    for old in EXEC_CACHE.glob(f"{prefix}-*.ipynb"):
         old.unlink()
     nbformat.write(learner, cached)
     return learner
@@ -71,31 +89,113 @@ def with_tests_collapsed(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def stage(found) -> None:
-    shutil.rmtree(STAGE, ignore_errors=True)
-    (STAGE / "chapters").mkdir(parents=True)
-    for name in BOOK_FILES:
-        shutil.copyfile(ROOT / name, STAGE / name)
+def glued_outputs(nb: nbformat.NotebookNode) -> dict[str, dict]:
+    """The outputs of myst_nb's glue() calls, by name: the numbers the prose quotes."""
+    return {output.metadata["scrapbook"]["name"]: output
+            for cell in nb.cells if cell.cell_type == "code"
+            for output in cell.outputs if "scrapbook" in output.get("metadata", {})}
+
+
+def with_glued_numbers_of(source: nbformat.NotebookNode, nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """NB quoting SOURCE's glued values: timings differ run to run, the two editions' prose must not.
+
+    A value with letters outside ASCII (a translated string) keeps the edition's own.
+    """
+    numbers = glued_outputs(source)
+
+    def same_as_source(output):
+        name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+        if name not in numbers or not json.dumps(output.get("data", {}), ensure_ascii=False).isascii():
+            return output
+        return numbers[name]
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [same_as_source(o) for o in cell.outputs]
+    return nb
+
+
+def require_figure_font(language: str) -> None:
+    """A translated edition's figures need one of its fonts here; say so in one line if none is."""
+    fonts = C.FIGURE_FONTS.get(language)
+    if not fonts:
+        return
+    from matplotlib import font_manager
+    if not set(fonts) & {f.name for f in font_manager.fontManager.ttflist}:
+        # matplotlib keeps a font list from before the font was installed: read the fonts again.
+        font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
+        if not set(fonts) & {f.name for f in font_manager.fontManager.ttflist}:
+            raise SystemExit(f"the {language} edition's figures need one of the fonts {', '.join(fonts)}: "
+                             "run `make fonts` (Debian/Ubuntu: apt-get install fonts-noto-cjk)")
+
+
+def stage_of(language: str) -> Path:
+    return STAGE if language == SOURCE_LANGUAGE else BUILD / f"src.{language}"
+
+
+def html_of(language: str) -> Path:
+    return HTML if language == SOURCE_LANGUAGE else HTML / language
+
+
+def stage(found, language: str = SOURCE_LANGUAGE) -> Path:
+    """The book's source for one edition: pages, executed notebooks and its _config.yml."""
+    folder = stage_of(language)
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "chapters").mkdir(parents=True)
+    for name in BOOK_DATA:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / name, folder / name)
+    lookup = None if language == SOURCE_LANGUAGE else translations(FRONT_MATTER, language).get
+    for name in BOOK_PAGES:
+        text = (ROOT / name).read_text() if lookup is None else translated_page(name, lookup)
+        (folder / name).write_text(text)
+    (folder / "_config.yml").write_text(edition_config(language, lookup))
     for chapter in found:
-        nbformat.write(with_tests_collapsed(executed_chapter(chapter)), STAGE / "chapters" / f"{chapter.name}.ipynb")
+        nb = with_tests_collapsed(executed_chapter(chapter, language))
+        if language != SOURCE_LANGUAGE:
+            nb = with_glued_numbers_of(executed_chapter(chapter), nb)
+        nbformat.write(nb, folder / "chapters" / f"{chapter.name}.ipynb")
+    return folder
 
 
-def build() -> None:
+def edition_config(language: str, lookup) -> str:
+    """_config.yml with the edition's language, title and link to the other edition."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx["language"] = "en" if language == SOURCE_LANGUAGE else language
+    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.language_switch"]
+    other = TRANSLATIONS[0] if language == SOURCE_LANGUAGE else SOURCE_LANGUAGE
+    sphinx["course_edition"] = {
+        "other_root": f"{other}/" if language == SOURCE_LANGUAGE else "../",
+        "other_name": EDITION_NAMES[other],
+        "other_lang": other.replace("_", "-"),
+    }
+    if lookup is not None:
+        title = lookup(f"# {config['title']}")  # the front page's heading, without its glossary note
+        config["title"] = re.sub(r"（[^）]*）", "", title[2:]) if title else config["title"]
+    return yaml.safe_dump(config, allow_unicode=True, sort_keys=False)
+
+
+def build(language: str = SOURCE_LANGUAGE) -> None:
     env = with_python_bin_on_path()
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE),
-           "--path-output", str(ROOT), "--warningiserror", "--keep-going", "--quiet"]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))  # the extension
+    output = ROOT if language == SOURCE_LANGUAGE else BUILD / language
+    cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(stage_of(language)),
+           "--path-output", str(output), "--warningiserror", "--keep-going", "--quiet"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
     if proc.returncode != 0:
-        raise SystemExit(f"jupyter-book build failed (exit {proc.returncode})")
+        raise SystemExit(f"jupyter-book build of the {language} edition failed (exit {proc.returncode})")
+    if language != SOURCE_LANGUAGE:
+        shutil.rmtree(html_of(language), ignore_errors=True)
+        shutil.copytree(output / "_build" / "html", html_of(language))
 
 
-def publish_learner_notebooks(found) -> None:
+def publish_learner_notebooks(found, language: str = SOURCE_LANGUAGE) -> None:
     """The download button serves _sources/...: make that the learner notebook itself."""
     for chapter in found:
-        target = BUILD / "html" / "_sources" / "chapters" / f"{chapter.name}.ipynb"
+        target = html_of(language) / "_sources" / "chapters" / f"{chapter.name}.ipynb"
         if target.exists():
-            shutil.copyfile(ROOT / "chapters" / f"{chapter.name}.ipynb", target)
+            shutil.copyfile(C.learner_notebook(chapter.name, language), target)
 
 
 def leaks(html_dir: Path) -> list[str]:
@@ -112,15 +212,17 @@ def leaks(html_dir: Path) -> list[str]:
 def main() -> int:
     os.chdir(ROOT)
     found = chapters()
-    started = time.perf_counter()
-    stage(found)
-    build()
-    publish_learner_notebooks(found)
-    bad = leaks(BUILD / "html")
+    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):  # English first: its build empties _build/html
+        started = time.perf_counter()
+        stage(found, language)
+        build(language)
+        publish_learner_notebooks(found, language)
+        print(f"{language} edition built in {time.perf_counter() - started:.1f} s: "
+              f"{html_of(language) / 'index.html'}")
+    bad = leaks(HTML)
     if bad:
         print("the built book holds solution or hidden-test text: " + ", ".join(bad), file=sys.stderr)
         return 1
-    print(f"book built in {time.perf_counter() - started:.1f} s: {BUILD / 'html' / 'index.html'}")
     return 0
 
 

@@ -33,8 +33,24 @@ MIN_FIGURES = 3
 MIN_MATH = 20
 
 
+EDITIONS = ["en", "zh_CN"]  # the English book is _build/html, a translation _build/html/<language>
+
+
 def page_of(chapter: str) -> str:
     return f"chapters/{chapter}.html"
+
+
+def edition_root(language: str) -> Path:
+    return HTML if language == "en" else HTML / language
+
+
+def prefix_of(language: str) -> str:
+    """The edition's folder in URLs, relative to the book's root."""
+    return "" if language == "en" else f"{language}/"
+
+
+def learner_path(chapter: str, language: str) -> Path:
+    return ROOT / "chapters" / (f"{chapter}.ipynb" if language == "en" else f"{language}/{chapter}.ipynb")
 
 LEAKS = [re.compile(p) for p in (rb"BEGIN SOLUTION", rb"END SOLUTION", rb"BEGIN HIDDEN TESTS",
                                  rb"END HIDDEN TESTS", rb"attn_probe", rb"import solutions\b",
@@ -49,12 +65,13 @@ def book() -> Path:
     """Build the book (always; the executed-notebook cache keeps warm builds short)."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "coursegen.book"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
+                          text=True, timeout=2400)
     assert proc.returncode == 0, (f"`python -m coursegen.book` failed (exit {proc.returncode}); "
                                   f"warnings are errors.\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     print(f"book built in {time.perf_counter() - started:.1f} s")
-    for chapter in CHAPTERS:
-        assert (HTML / page_of(chapter)).is_file()
+    for language in EDITIONS:
+        for chapter in CHAPTERS:
+            assert (edition_root(language) / page_of(chapter)).is_file(), f"{language}: {chapter} not built"
     return HTML
 
 
@@ -79,14 +96,15 @@ def test_no_solution_or_hidden_test_text_anywhere(book):
     assert not leaked, "solution or hidden-test text in the built book:\n" + "\n".join(leaked)
 
 
+@pytest.mark.parametrize("language", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_download_button_serves_the_learner_notebook(book, chapter):
-    page = _soup(book / page_of(chapter))
+def test_download_button_serves_the_learner_notebook(book, chapter, language):
+    page = _soup(edition_root(language) / page_of(chapter))
     links = [a["href"] for a in page.select("a.btn-download-source-button")]
     assert links == [f"../_sources/chapters/{chapter}.ipynb"], f"download links: {links}"
-    download = HTML / "_sources" / "chapters" / f"{chapter}.ipynb"
-    assert download.read_bytes() == (ROOT / "chapters" / f"{chapter}.ipynb").read_bytes(), \
-        f"the downloadable notebook is not byte for byte chapters/{chapter}.ipynb"
+    download = edition_root(language) / "_sources" / "chapters" / f"{chapter}.ipynb"
+    assert download.read_bytes() == learner_path(chapter, language).read_bytes(), \
+        f"the downloadable notebook is not byte for byte {learner_path(chapter, language).relative_to(ROOT)}"
     nb = nbformat.read(download, as_version=4)
     for number, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
@@ -94,13 +112,14 @@ def test_download_button_serves_the_learner_notebook(book, chapter):
                 f"the downloadable notebook has outputs in cell {number}"
 
 
+@pytest.mark.parametrize("language", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_code_cells_on_the_page_are_the_learner_notebook(book, chapter):
+def test_code_cells_on_the_page_are_the_learner_notebook(book, chapter, language):
     """Every code block shows the learner's source; exercise cells show only the stub."""
-    nb = nbformat.read(ROOT / "chapters" / f"{chapter}.ipynb", as_version=4)
+    nb = nbformat.read(learner_path(chapter, language), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])
             and "remove-input" not in c.metadata.get("tags", [])]
-    cells = _soup(book / page_of(chapter)).select("article div.cell")
+    cells = _soup(edition_root(language) / page_of(chapter)).select("article div.cell")
     assert len(cells) == len(code), f"{len(cells)} code cells on the page, {len(code)} in the notebook"
 
     solutions = _exercise_solutions(chapter)
@@ -346,21 +365,23 @@ def test_other_pages_load_offline(browser, server, page):
     assert not failed, f"{page} failed to load: {failed}"
 
 
+@pytest.mark.parametrize("language", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter):
-    browser.open(f"{server}/{page_of(chapter)}")
+def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter, language):
+    edition = f"{server}/{prefix_of(language)}"
+    browser.open(f"{edition}{page_of(chapter)}")
     report = browser.evaluate(PAGE_REPORT)
     browser.settle()
     exceptions = [e["params"]["exceptionDetails"].get("exception", {}).get("description", "")
                   or e["params"]["exceptionDetails"].get("text", "")
                   for e in browser.events if e["method"] == "Runtime.exceptionThrown"]
     shot = browser.call("Page.captureScreenshot", format="png")
-    screenshot = ROOT / "_build" / "screenshots" / f"{chapter}.png"
+    screenshot = ROOT / "_build" / "screenshots" / f"{chapter}.{language}.png"
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     screenshot.write_bytes(base64.b64decode(shot["data"]))
 
     assert report["mathjax"] and report["mathjax"].startswith("3."), f"MathJax did not load: {report['mathjax']}"
-    assert [s.split("?")[0] for s in report["mathjaxSrc"]] == [f"{server}/_static/mathjax/tex-chtml.js"], \
+    assert [s.split("?")[0] for s in report["mathjaxSrc"]] == [f"{edition}_static/mathjax/tex-chtml.js"], \
         f"MathJax is not loaded from the book's _static: {report['mathjaxSrc']}"
     assert report["mathNodes"] >= MIN_MATH and report["containers"] >= report["mathNodes"], \
         f"{report['containers']} typeset formulas for {report['mathNodes']} math nodes"
@@ -373,7 +394,7 @@ def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter)
     broken = [i["src"] for i in images if i["width"] <= 0 or i["height"] <= 0]
     assert not broken, f"figures that did not load: {broken}"
     for image in images:
-        assert image["src"].startswith(f"{server}/_images/"), image["src"]
+        assert image["src"].startswith(f"{edition}_images/"), image["src"]
         data = (HTML / image["src"][len(server) + 1:]).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), f"{image['src']} is not a PNG"
 
@@ -381,3 +402,83 @@ def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter)
     assert not outside, f"the chapter page fetched from outside the book: {outside}"
     assert not failed, f"requests of the chapter page failed: {failed}"
     assert not exceptions, f"JavaScript errors on the chapter page: {exceptions}"
+
+
+# --------------------------------------------------------------------------- the Chinese edition
+
+FONT_PROBE = "article.bd-article section > p:not(.course-edition-link)"
+
+
+def _fonts_drawing(browser: DevTools, selector: str) -> list[dict]:
+    """The platform fonts Chromium used to draw the first element SELECTOR matches (name, glyphs)."""
+    browser.call("DOM.enable")
+    browser.call("CSS.enable")
+    document = browser.call("DOM.getDocument", depth=1)["root"]["nodeId"]
+    node = browser.call("DOM.querySelector", nodeId=document, selector=selector)["nodeId"]
+    assert node, f"nothing on the page matches {selector}"
+    return browser.call("CSS.getPlatformFontsForNode", nodeId=node)["fonts"]
+
+
+@pytest.mark.parametrize("page", ["intro.html", *(page_of(c) for c in CHAPTERS)])
+def test_chinese_pages_draw_cjk_glyphs_from_a_real_font(browser, server, page):
+    """The prose is Chinese, and Chromium draws its glyphs from a CJK font (not a fallback box)."""
+    browser.open(f"{server}/zh_CN/{page}")
+    browser.evaluate("document.fonts.ready.then(() => 0)")
+    text = browser.evaluate(f"document.querySelector('{FONT_PROBE}').textContent")
+    han = re.findall(r"[\u4e00-\u9fff]", text)
+    assert len(han) >= 10, f"{page}: the first paragraph is not Chinese: {text[:80]!r}"
+    fonts = _fonts_drawing(browser, FONT_PROBE)
+    cjk = sum(f["glyphCount"] for f in fonts if re.search(r"CJK|Hei|Song|Ming|WenQuanYi", f["familyName"]))
+    assert cjk >= len(han), f"{page}: {len(han)} Chinese characters, {cjk} drawn by a CJK font: {fonts}"
+    lang = browser.evaluate("document.documentElement.lang")
+    assert lang.lower().startswith("zh"), f"{page}: <html lang={lang!r}>"
+
+
+def test_chinese_pages_use_the_themes_chinese_words(book):
+    page = _soup(book / "zh_CN" / page_of(CHAPTERS[0]))
+    words = page.get_text(" ")
+    assert "搜索" in words, "the theme's search box is not in Chinese"
+    assert re.search(r"上一[页个篇]|下一[页个篇]", words), "previous/next links are not in Chinese"
+
+
+@pytest.mark.parametrize("language", EDITIONS)
+@pytest.mark.parametrize("page", ["intro.html", "glossary.html", "instructors.html", *(page_of(c) for c in CHAPTERS)])
+def test_every_page_links_to_the_same_page_in_the_other_edition(book, page, language):
+    path = edition_root(language) / page
+    links = _soup(path).select("p.course-edition-link a")
+    assert len(links) == 1, f"{language}/{page}: {len(links)} links to the other edition"
+    target = (path.parent / links[0]["href"]).resolve()
+    other = edition_root("zh_CN" if language == "en" else "en") / page
+    assert target == other.resolve() and other.is_file(), f"{language}/{page} links to {links[0]['href']}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chinese_figures_are_drawn_in_chinese_with_every_glyph(book, chapter):
+    """Figure text comes from the catalog, and matplotlib found a glyph for every character.
+
+    (matplotlib warns "Glyph ... missing from font" and draws a box when a font lacks one.)
+    """
+    staged = nbformat.read(ROOT / "_build" / "src.zh_CN" / "chapters" / f"{chapter}.ipynb", as_version=4)
+    figures = [c for c in staged.cells if c.cell_type == "code"
+               and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    assert figures, f"{chapter}: no figures in the Chinese edition"
+    assert any(re.search(r"[\u4e00-\u9fff]", c.source) for c in figures), \
+        f"{chapter}: no figure of the Chinese edition is drawn with Chinese text"
+    shown = "\n".join(o.get("text", "") for c in staged.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    missing = re.findall(r".*missing from (?:current )?font.*", shown)
+    assert not missing, f"{chapter}: glyphs missing from the figure font: {missing[:3]}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chinese_prose_quotes_the_english_editions_numbers(book, chapter):
+    """Numbers glued into the prose are the same in both editions, timings included."""
+    from coursegen.book import glued_outputs
+
+    def numbers(folder):
+        nb = nbformat.read(ROOT / "_build" / folder / "chapters" / f"{chapter}.ipynb", as_version=4)
+        return {name: out["data"] for name, out in glued_outputs(nb).items()}
+    english, chinese = numbers("src"), numbers("src.zh_CN")
+    assert english.keys() == chinese.keys(), f"{chapter}: the editions glue different names"
+    differ = [name for name in english if json.dumps(chinese[name], ensure_ascii=False).isascii()
+              and chinese[name] != english[name]]
+    assert not differ, f"{chapter}: the Chinese prose quotes other numbers for {differ}"
