@@ -1477,7 +1477,8 @@ for layer in range(maps.size(0)):
     print(f"layer {layer}: mean weight on the previous character per head "
           f"{[round(w, 2) for w in prev_weight[layer].tolist()]}, on itself {[round(w, 2) for w in self_weight[layer].tolist()]}")
 best_layer, best_head = divmod(int(prev_weight.argmax()), maps.size(1))
-glue("prev_head", f"layer {best_layer}, head {best_head}", display=False)
+glue("prev_layer", str(best_layer), display=False)
+glue("prev_head", str(best_head), display=False)
 glue("prev_weight", f"{prev_weight.max():.2f}", display=False)
 
 # %% [tags=hide-input]
@@ -1499,8 +1500,8 @@ plt.show()
 
 # %% [markdown]
 # Every map is lower-triangular: the mask at work. The heads differ. The head that looks
-# most at the *previous* character ({glue:text}`prev_head`) puts on average
-# {glue:text}`prev_weight` of its weight there: a bright sub-diagonal, a "previous-token
+# most at the *previous* character (layer {glue:text}`prev_layer`, head {glue:text}`prev_head`)
+# puts on average {glue:text}`prev_weight` of its weight there: a bright sub-diagonal, a "previous-token
 # head" of the kind found in large trained models (Olsson et al., 2022). Other heads
 # spread their weight over the current word, or jump back to spaces and word starts, which
 # tells the model where the current word began; some attend mostly to the first
