@@ -62,14 +62,21 @@ def figure_font_setup(language: str) -> str:
     """Code a translated notebook runs after importing pyplot, so its figures draw its script."""
     if language not in FIGURE_FONTS:
         return ""
-    fonts = ", ".join(f'"{name}"' for name in FIGURE_FONTS[language])
+    lines = ["_figure_fonts = ["]
+    for name in FIGURE_FONTS[language]:  # whole names per line, never split inside one
+        if len(lines[-1]) + len(name) > 70:
+            lines.append(" " * 17)
+        lines[-1] += f'"{name}", ' if name != FIGURE_FONTS[language][-1] else f'"{name}"'
+    fonts = "\n".join(line.rstrip() for line in lines)
     return (
-        "\n\n# Figure text in this edition's script: DejaVu Sans draws Latin letters, the first of\n"
-        "# these fonts this machine has draws the rest (with none, matplotlib draws boxes and warns).\n"
+        "\n\n# Figure text in this edition's language: DejaVu Sans draws Latin letters,\n"
+        "# the first of these fonts this machine has draws the rest (with none of\n"
+        "# them, matplotlib draws boxes and warns).\n"
         "from matplotlib import font_manager\n"
-        f"_figure_fonts = ({fonts})\n"
+        f"{fonts}]\n"
         "_installed_fonts = {font.name for font in font_manager.fontManager.ttflist}\n"
-        'plt.rcParams["font.family"] = ["DejaVu Sans", *(f for f in _figure_fonts if f in _installed_fonts)]')
+        'plt.rcParams["font.family"] = ["DejaVu Sans"] + [\n'
+        "    name for name in _figure_fonts if name in _installed_fonts]")
 
 
 def reference_module(chapter: str) -> str:
