@@ -20,8 +20,9 @@ SOLUTIONS_PACKAGE = "solutions"  # generated reference and hidden-test modules
 
 SOURCE_LANGUAGE = "en"  # the language course/ is written in
 TRANSLATIONS = ("zh_CN",)  # each has catalogs in locales/<language>/LC_MESSAGES (see coursegen.catalogs)
+EDITIONS = (SOURCE_LANGUAGE, *TRANSLATIONS)
 LOCALES_DIR = ROOT / "locales"
-# Fonts an edition's figures fall back to for glyphs DejaVu Sans lacks: the first one installed wins.
+# Fonts an edition's figures are drawn with, before DejaVu Sans: the first one installed wins.
 FIGURE_FONTS = {"zh_CN": ("Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", "Microsoft YaHei",
                           "SimHei", "WenQuanYi Zen Hei")}
 
@@ -62,21 +63,16 @@ def figure_font_setup(language: str) -> str:
     """Code a translated notebook runs after importing pyplot, so its figures draw its script."""
     if language not in FIGURE_FONTS:
         return ""
-    lines = ["_figure_fonts = ["]
-    for name in FIGURE_FONTS[language]:  # whole names per line, never split inside one
-        if len(lines[-1]) + len(name) > 70:
-            lines.append(" " * 17)
-        lines[-1] += f'"{name}", ' if name != FIGURE_FONTS[language][-1] else f'"{name}"'
-    fonts = "\n".join(line.rstrip() for line in lines)
+    fonts = "".join(f'    "{name}",\n' for name in FIGURE_FONTS[language])
     return (
-        "\n\n# Figure text in this edition's language: DejaVu Sans draws Latin letters,\n"
-        "# the first of these fonts this machine has draws the rest (with none of\n"
-        "# them, matplotlib draws boxes and warns).\n"
+        "\n\n# Figure text in this edition's language: the first of these fonts this\n"
+        "# machine has comes first, because text around $math$ uses only the first\n"
+        "# font (with none of them, matplotlib draws boxes and warns).\n"
         "from matplotlib import font_manager\n"
-        f"{fonts}]\n"
-        "_installed_fonts = {font.name for font in font_manager.fontManager.ttflist}\n"
-        'plt.rcParams["font.family"] = ["DejaVu Sans"] + [\n'
-        "    name for name in _figure_fonts if name in _installed_fonts]")
+        f"_figure_fonts = [\n{fonts}]\n"
+        "_installed = {font.name for font in font_manager.fontManager.ttflist}\n"
+        'plt.rcParams["font.family"] = [\n'
+        '    *(name for name in _figure_fonts if name in _installed), "DejaVu Sans"]')
 
 
 def reference_module(chapter: str) -> str:
