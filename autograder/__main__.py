@@ -11,9 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS
-
-EDITIONS = [SOURCE_LANGUAGE, *TRANSLATIONS]
+from coursekit.conventions import EDITIONS
 
 
 def main(argv=None) -> int:

@@ -8,8 +8,9 @@ shows only its stub. The page's download button serves the plain learner noteboo
 The English edition is ``_build/html``; each translation is ``_build/html/<language>``,
 built from its own learner notebooks (made from the catalogs, see ``coursegen.catalogs``)
 with Sphinx's ``language`` set, so the theme speaks it too. Every page links to the same
-page in the other edition (``coursegen.language_switch``). Figures are drawn with a CJK
-font as fallback (Noto Sans CJK, installed by ``make fonts``).
+page in the other edition (``coursegen.language_switch``). A translated notebook picks
+its own figure font (``coursekit.conventions.figure_font_setup``); ``make fonts``
+installs one (Noto Sans CJK).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from nbclient import NotebookClient
 import yaml
 
 from coursekit import conventions as C
-from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS, is_test_cell, with_python_bin_on_path
+from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE, TRANSLATIONS, is_test_cell, with_python_bin_on_path
 
 from . import ROOT, chapters, strip_solution_markers
 from .catalogs import FRONT_MATTER, translations
@@ -212,7 +213,7 @@ def leaks(html_dir: Path) -> list[str]:
 def main() -> int:
     os.chdir(ROOT)
     found = chapters()
-    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):  # English first: its build empties _build/html
+    for language in EDITIONS:  # English first: its build empties _build/html
         started = time.perf_counter()
         stage(found, language)
         build(language)

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 
 from coursekit import conventions as C
-from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS
+from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE
 from coursekit.nbgrader_course import generate_assignment
 
 from .catalogs import po_path, translations
@@ -127,7 +127,7 @@ def artefacts(chapter: Chapter) -> dict[Path, str]:
         Path("solutions") / f"{chapter.module}.py": reference_module(chapter),
         Path("solutions") / f"{chapter.module}_hidden.py": hidden_module(chapter),
     }
-    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):
+    for language in EDITIONS:
         edition = chapter if language == SOURCE_LANGUAGE else translated_chapter(chapter, language)
         instructor = instructor_notebook(edition, language)
         files[C.instructor_notebook(chapter.name, language).relative_to(ROOT)] = dumps_notebook(instructor)
@@ -176,7 +176,7 @@ def drift(files: dict[Path, str]) -> list[str]:
 def clean_stale(chapters_seen: list[Chapter]) -> None:
     """Remove generated files of chapters whose source is gone."""
     names = {c.name for c in chapters_seen}
-    for language in (SOURCE_LANGUAGE, *TRANSLATIONS):
+    for language in EDITIONS:
         for nb in C.learner_notebook("x", language).parent.glob("[0-9][0-9]_*.ipynb"):
             if nb.stem not in names:
                 nb.unlink()

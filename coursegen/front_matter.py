@@ -10,7 +10,7 @@ from pathlib import Path
 
 from coursekit.conventions import ROOT
 
-from .translatable import markdown_blocks, is_prose
+from .translatable import is_prose, markdown_blocks, translate_markdown
 
 PAGES = ("intro.md", "glossary.md", "instructors.md")
 README = "README.md"
@@ -39,7 +39,6 @@ def front_matter_units() -> list[tuple[str, str]]:
 
 def translated_page(name: str, lookup) -> str:
     """The page NAME with every published prose block looked up (None keeps the English)."""
-    from .translatable import translate_markdown
     text = (ROOT / name).read_text()
     if name != README:
         return translate_markdown(text, lookup) + "\n"
@@ -49,8 +48,8 @@ def translated_page(name: str, lookup) -> str:
     return head + start + "\n" + translate_markdown(section, lookup) + "\n" + end + tail
 
 
-def glossary(language: str = "zh_CN") -> dict[str, tuple[str, list[str]]]:
-    """English term -> (the course's term in LANGUAGE, variants it does not use)."""
+def glossary() -> dict[str, tuple[str, list[str]]]:
+    """English term -> (the course's Chinese term, variants it does not use)."""
     with GLOSSARY.open(newline="") as f:
         rows = list(csv.reader(f))[1:]
     return {en: (zh, [v.strip() for v in avoid.split(";") if v.strip()]) for en, zh, avoid in rows}

@@ -73,7 +73,7 @@ def test_chapters_use_the_glossarys_terms(chapter):
     source = "\n".join(m.id for m in catalog if "markdown" in m.auto_comments)
     prose = _markdown_translations(domain)
     problems = []
-    for english, (chinese, avoid) in glossary(LANGUAGE).items():
+    for english, (chinese, avoid) in glossary().items():
         problems += [f"{variant!r} instead of {chinese!r} ({english})" for variant in avoid if variant in every]
         # A term the chapter uses: its English is in the English prose and its Chinese in the
         # translation (one-character terms such as 头 are too common to search for).
