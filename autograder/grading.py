@@ -20,7 +20,8 @@ from pathlib import Path
 from jupyter_core.utils import run_sync
 
 from . import sandbox
-from .kernel import Exchange, GradingKernelManager
+from .exchange import Exchange
+from .kernel import GradingKernelManager
 
 KERNEL_ARGUMENTS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
 
@@ -52,6 +53,7 @@ class KernelSlot:
             run_sync(self.kernel.shutdown_kernel)(now=True)
         finally:
             if not os.environ.get("ATTN_GRADER_KEEP"):  # debugging aid: keep the scratch course
+                self.kernel.exchange.remove()  # first, following nothing the kernel left there
                 shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -114,7 +116,7 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
     outcomes = verdicts.judge(session, static, stopped=kernel.limit_reason)
     store_scores(course, info.name, student, {o.test_id: o.score for o in outcomes})
     report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed,
-                    language=info.language)
+                    enforcement=kernel.enforcement, language=info.language)
     if feedback_dir is not None or keep_course is not None:
         page = feedback.render(course, info, student, autograded, outcomes,
                                "\n".join(c.source for c in nb.cells))

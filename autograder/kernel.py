@@ -15,36 +15,21 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Any, Bool, Instance, List, Unicode
 
-from . import sandbox
+from . import cgroups, sandbox
+from .exchange import Exchange
 
 HERE = Path(__file__).resolve().parent
 INSIDE_LIB = "/tmp/.grader/lib"  # read-only inside the sandbox
 INSIDE_GUARD = "/tmp/ipython/profile_default/startup/00-attn-guard.py"
-
-
-class Exchange:
-    """The one folder the kernel and the grader share: sockets, a test's inputs, its results."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.cases, self.results = folder / "cases", folder / "results"
-        for d in (self.cases, self.results):
-            d.mkdir(parents=True, exist_ok=True)
-
-    def clear(self):
-        for d in (self.cases, self.results):
-            for f in d.iterdir():
-                if f.is_dir() and not f.is_symlink():
-                    import shutil
-                    shutil.rmtree(f, ignore_errors=True)
-                else:
-                    f.unlink(missing_ok=True)
+INSIDE_CONNECTION = "/tmp/.grader/kernel.json"  # the kernel's copy: socket paths as it sees them
 
 
 def kernel_environment(exchange: Exchange, sandboxed: bool, scratch: Path, private=()) -> dict[str, str]:
     """Everything the kernel's environment holds: nothing of the grading user's."""
     tmp = "/tmp" if sandboxed else str(scratch)
-    rules = [("write", tmp), ("write", str(exchange.results)), ("read", str(exchange.cases))]
+    cases, results = ((exchange.inside(exchange.cases), exchange.inside(exchange.results)) if sandboxed
+                      else (str(exchange.cases), str(exchange.results)))
+    rules = [("write", tmp), ("write", results), ("read", cases)]
     if not sandboxed:  # the audit hook is all there is: keep it away from the project
         rules = [("deny", str(HERE.parent)), ("deny", str(exchange.folder.parent.parent)),
                  *(("deny", str(p)) for p in private),
@@ -63,8 +48,8 @@ def kernel_environment(exchange: Exchange, sandboxed: bool, scratch: Path, priva
         "MPLBACKEND": "Agg",
         "MPLCONFIGDIR": f"{tmp}/matplotlib",
         "OMP_NUM_THREADS": "1",
-        "ATTN_GRADER_CASES": str(exchange.cases),
-        "ATTN_GRADER_RESULTS": str(exchange.results),
+        "ATTN_GRADER_CASES": cases,
+        "ATTN_GRADER_RESULTS": results,
         "ATTN_GRADER_RULES": json.dumps(rules),
     }
 
@@ -78,17 +63,24 @@ class GradingKernelManager(AsyncKernelManager):
     limits = Instance(sandbox.Limits)
     private = List(Unicode(), help="folders an unsandboxed kernel's audit hook must deny")
     watchdog = Any(None)
+    cgroup = Any(None)
 
     def __init__(self, **kwargs):
         super().__init__(kernel_name="python3", transport="ipc", **kwargs)
         self.ip = str(self.exchange.folder / "kernel")
-        self.connection_file = str(self.exchange.folder / "kernel.json")
+        # Outside the shared folder: nothing in the sandbox can rewrite what the grader connects to.
+        self.connection_file = str(self.exchange.folder.parent / "connection.json")
         self.kernel_spec.interrupt_mode = "message"
 
     @property
     def limit_reason(self) -> str | None:
-        """The limit the watchdog stopped the kernel for, if it did."""
+        """The limit the sandbox was stopped at, if it was."""
         return self.watchdog.reason if self.watchdog else None
+
+    @property
+    def enforcement(self) -> str | None:
+        """What enforced memory and tasks ('cgroup v1', 'cgroup v2', 'watchdog'); None unsandboxed."""
+        return self.watchdog.enforcement if self.watchdog and self.sandboxed else None
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         env = kernel_environment(self.exchange, self.sandboxed, self.scratch, self.private)
@@ -96,10 +88,17 @@ class GradingKernelManager(AsyncKernelManager):
         argv = [python, *kernel_cmd[1:]]  # the python3 kernelspec: python -m ipykernel_launcher ...
         self._log = open(self.exchange.folder.parent / "kernel.log", "wb")  # bwrap's and the kernel's own words
         kw["stdout"], kw["stderr"] = subprocess.DEVNULL, self._log
+        launch = None
         if self.sandboxed:
-            files = {INSIDE_GUARD: HERE / "guard.py", f"{INSIDE_LIB}/attn_probe.py": HERE / "probe.py"}
-            argv = sandbox.command(argv, self.exchange.folder, files, env, self.limits)
+            files = {INSIDE_GUARD: (HERE / "guard.py").read_bytes(),
+                     f"{INSIDE_LIB}/attn_probe.py": (HERE / "probe.py").read_bytes(),
+                     INSIDE_CONNECTION: self._inside_connection()}
+            argv = [INSIDE_CONNECTION if a == self.connection_file else a for a in argv]
+            self.cgroup = cgroups.create(self.limits.memory, self.limits.tasks)
+            launch = sandbox.command(argv, self.exchange, files, env, self.limits, self.cgroup)
+            argv = launch.argv
             kw["env"] = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            kw["pass_fds"] = launch.fds
         else:
             lib, startup = self.scratch / "lib", self.scratch / "ipython" / "profile_default" / "startup"
             for d in (lib, startup, self.scratch / "work", self.scratch / "home"):
@@ -109,10 +108,20 @@ class GradingKernelManager(AsyncKernelManager):
             kw["env"] = env
             kw["cwd"] = str(self.scratch / "work")
         os.chmod(self.connection_file, 0o600)
-        await super()._async_launch_kernel(argv, **kw)
-        self.watchdog = sandbox.Watchdog(self.provisioner.pid, self.exchange.folder, self.limits,
-                                         kill=self._kill_now)
+        try:
+            await super()._async_launch_kernel(argv, **kw)
+        finally:
+            if launch is not None:
+                launch.close()
+        self.watchdog = sandbox.Watchdog(self.provisioner.pid, self.exchange, self.limits,
+                                         kill=self._kill_now, cgroup=self.cgroup)
         return None
+
+    def _inside_connection(self) -> bytes:
+        """The connection file as the kernel needs it: its sockets at their path inside."""
+        info = json.loads(Path(self.connection_file).read_text())
+        info["ip"] = self.exchange.inside(Path(self.ip))
+        return json.dumps(info).encode()
 
     # ---------------------------------------------------------- memory, read from outside
     def _processes(self):
@@ -152,13 +161,22 @@ class GradingKernelManager(AsyncKernelManager):
             os.killpg(self.provisioner.pgid or self.provisioner.pid, 9)
         except (ProcessLookupError, PermissionError, TypeError):
             pass
+        if self.cgroup is not None:
+            self.cgroup.kill()
 
     async def _async_shutdown_kernel(self, now=False, restart=False):
         if self.watchdog:
             self.watchdog.stop()
-        await super()._async_shutdown_kernel(now=now, restart=restart)
-        if getattr(self, "_log", None):
-            self._log.close()
+        try:
+            await super()._async_shutdown_kernel(now=now, restart=restart)
+        finally:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            if getattr(self, "_log", None):
+                self._log.close()
+
+    # AsyncKernelManager binds shutdown_kernel to the base class's function: rebind it to ours.
+    shutdown_kernel = _async_shutdown_kernel
 
     def start_failure(self) -> str:
         """The last line the sandbox or the kernel wrote, for a kernel that would not start."""

@@ -23,6 +23,7 @@ class Report:
     feedback_html: Path | None = None
     repairs: list[str] = dataclasses.field(default_factory=list)
     sandboxed: bool = True
+    enforcement: str | None = None  # what stopped memory and tasks at their limits: 'cgroup v1|v2' or 'watchdog'
     language: str = SOURCE_LANGUAGE  # the submission's edition: the text report is told in it
 
     def as_json(self) -> dict:
@@ -51,6 +52,12 @@ class Report:
                           score=f"{data['score']:g}", max_score=f"{data['max_score']:g}"))]
         if not self.sandboxed:
             lines.append(told(msg("note: {note}", note=UNSANDBOXED_NOTE)))
+        elif self.enforcement == "watchdog":
+            lines.append(told(msg("note: the sandbox's memory and task limits were polled by the grader "
+                                  "(no writable cgroup here), not enforced by the kernel")))
+        elif self.enforcement:
+            lines.append(told(msg("note: the kernel enforced the sandbox's memory and task limits ({how})",
+                                  how=self.enforcement)))
         for name, ex in data["exercises"].items():
             lines.append(f"\n{name}: {ex['score']:g} / {ex['max_score']:g}")
             for o in (o for o in self.outcomes if o.exercise == name):

@@ -1,4 +1,4 @@
-"""The operating system's boundary around a grading kernel (bubblewrap, rlimits, a watchdog).
+"""The operating system's boundary around a grading kernel (bubblewrap, rlimits, cgroups, a watchdog).
 
 Inside the sandbox the kernel sees the Python environment and system libraries
 read-only, a private ``/tmp`` of limited size, and one exchange folder it shares with
@@ -6,7 +6,8 @@ the grader (the kernel's sockets, the current test's inputs, its results). Nothi
 of the machine exists there: not the project, the course folder, other submissions, the
 gradebook, the reference, the grader's caches, the home folder or the host's ``/tmp``.
 It has its own network namespace (no network), its own PID namespace (it sees and
-signals only itself), no capabilities, no new privileges, and an explicit environment.
+signals only itself), no capabilities, no new privileges, and an explicit environment;
+what it can read of its own launcher (``/proc/1/cmdline``) names no host path.
 
 Limits (defaults below; environment variables of the same name change them):
 
@@ -14,9 +15,12 @@ Limits (defaults below; environment variables of the same name change them):
   CPU seconds, size of one written file, open files;
 * ``/proc`` is read-only inside, so the kernel cannot reset the peak-memory counters the
   grader reads from outside (a test's memory rule, ``HiddenTests.test(max_memory=...)``);
-* a watchdog in the grader's process: memory of all the sandbox's processes together,
-  their number of threads, the exchange folder's size, and the wall clock. Crossing one
-  kills the whole sandbox and names the limit.
+* a control group of its own where the machine offers one (``cgroups``): the kernel
+  enforces the memory of all its processes together (tmpfs pages included, no swap)
+  and their number of processes and threads;
+* a watchdog in the grader's process: the wall clock and the exchange folder's size,
+  always; memory and tasks by polling where no control group could be made. Crossing a
+  limit kills the whole sandbox and names the limit.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from .messages import msg
 
 GiB, MiB = 2**30, 2**20
 
@@ -40,6 +46,7 @@ class Limits:
     open_files: int = 1024
     scratch: int = 1 * GiB  # the private /tmp
     exchange: int = 512 * MiB  # the folder shared with the grader
+    exchange_entries: int = 10_000  # files and folders in it
     wall_seconds: float = 1800.0
 
     @classmethod
@@ -101,41 +108,99 @@ def python_inside() -> str:
     return f"{VENV_INSIDE}/bin/python" if in_venv() else sys.executable
 
 
-def command(kernel_argv: list[str], exchange: Path, files: dict[str, Path], env: dict[str, str],
-            limits: Limits) -> list[str]:
-    """The command that runs ``kernel_argv`` in the sandbox.
+@dataclasses.dataclass
+class Launch:
+    """How to start a sandbox: the command line, and descriptors it must inherit (``pass_fds``).
 
-    exchange: a host folder shared read-write, mounted at the same path inside (the
-    kernel's connection file names its sockets by host path). files: read-only files
-    to place inside, by their path inside.
+    Every host path and environment value goes to bwrap through ``--args FD`` (a memory
+    file), never on its command line, so that ``/proc/1/cmdline`` inside (bwrap is pid 1
+    there) says nothing of the host; files placed inside come as data (``--ro-bind-data``).
+    The caller closes ``fds`` once the process has started.
     """
-    argv = ["prlimit", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_size}",
-            f"--nofile={limits.open_files}", "--core=0",
-            bubblewrap(), "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--disable-userns", "--hostname", "grader", "--clearenv",
-            "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
-            "--size", str(limits.scratch), "--tmpfs", "/tmp"]
+    argv: list[str]
+    fds: list[int]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+# Joins the control group (each cgroup.procs file named before the command), then runs the
+# command with an empty environment: a process joins before it forks, so all of it is charged.
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n - 1)); done; exec "$@"'
+
+
+def _memory_file(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def command(kernel_argv: list[str], exchange, files: dict[str, bytes], env: dict[str, str],
+            limits: Limits, cgroup=None) -> Launch:
+    """How to run ``kernel_argv`` (paths as seen inside) in the sandbox.
+
+    exchange: the shared ``Exchange``, mounted at ``exchange.INSIDE``: its ``cases/``
+    read-only, its ``results/`` writable, both mount points the kernel cannot rename.
+    files: read-only files to place inside, by their path inside. cgroup: a
+    ``cgroups.Cgroup`` the sandbox runs in, if the machine offers one.
+    """
+    from .exchange import INSIDE
+    fds: list[int] = []
+    options = ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--die-with-parent",
+               "--new-session", "--cap-drop", "ALL", "--disable-userns", "--hostname", "grader", "--clearenv",
+               "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
+               "--size", str(limits.scratch), "--tmpfs", "/tmp"]
     for kind, source, target in _system_paths():
-        argv += [kind, source, target]
-    argv += ["--bind", str(exchange), str(exchange)]
-    for inside, source in files.items():
-        argv += ["--ro-bind", str(source), inside]
+        options += [kind, source, target]
+    options += ["--bind", str(exchange.folder), INSIDE,
+                "--ro-bind", str(exchange.cases), exchange.inside(exchange.cases),
+                "--bind", str(exchange.results), exchange.inside(exchange.results)]
+    for inside, data in files.items():
+        fds.append(_memory_file(Path(inside).name, data))
+        options += ["--ro-bind-data", str(fds[-1]), inside]
     for key, value in env.items():
-        argv += ["--setenv", key, value]
-    argv += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--chdir", "/tmp/work", "--"]
-    return argv + kernel_argv
+        options += ["--setenv", key, value]
+    options += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--chdir", "/tmp/work"]
+    fds.insert(0, _memory_file("bwrap-args", "\0".join(options).encode() + b"\0"))
+    argv = [shutil.which("prlimit") or "prlimit", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_size}",
+            f"--nofile={limits.open_files}", "--core=0", bubblewrap(), "--args", str(fds[0]), *kernel_argv]
+    procs = cgroup.procs_files if cgroup else []
+    return Launch(["/bin/sh", "-c", _JOIN, "sh", str(len(procs)), *procs, "/usr/bin/env", "-i", *argv], fds)
 
 
 class Watchdog:
-    """Polls the sandbox's process tree; kills it and names the limit it crossed."""
+    """Watches the sandbox; kills it and names the limit it crossed.
 
-    def __init__(self, pid: int, exchange: Path, limits: Limits, kill, interval: float = 0.2):
-        self.pid, self.exchange, self.limits, self.kill = pid, exchange, limits, kill
-        self.interval, self.reason = interval, None
+    With a control group (``cgroups``) the kernel itself stops memory and tasks at their
+    limits, and the watchdog only reads which limit it was; without one it polls the
+    process tree's memory and threads. Either way it polls the wall clock and the exchange
+    folder (bytes and entries), which no kernel limit covers.
+    """
+
+    def __init__(self, pid: int, exchange, limits: Limits, kill, cgroup=None, interval: float = 0.2):
+        self.pid, self.exchange, self.limits, self.kill, self.cgroup = pid, exchange, limits, kill, cgroup
+        self.interval, self._reason = interval, None
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sandbox-watchdog", daemon=True)
         self._thread.start()
+
+    @property
+    def reason(self) -> str | None:
+        """The limit the sandbox was stopped at, if any (read from the kernel's counters too)."""
+        if self._reason is None and self.cgroup is not None:
+            self._reason = _CROSSED.get(self.cgroup.crossed(), lambda limits: None)(self.limits)
+        return self._reason
+
+    @property
+    def enforcement(self) -> str:
+        """Which part enforces memory and tasks, for the report."""
+        return self.cgroup.enforcement if self.cgroup else "watchdog"
 
     def stop(self):
         self._stop.set()
@@ -153,35 +218,41 @@ class Watchdog:
             except psutil.Error:
                 continue
             if reason:
-                self.reason = reason
+                self._reason = reason
                 self.kill()
                 return
 
     def _check(self, root, psutil) -> str | None:
         limits = self.limits
         if time.monotonic() - self.started > limits.wall_seconds:
-            return f"the notebook ran longer than {limits.wall_seconds:g} s in all"
-        rss, tasks = 0, 0
-        for proc in [root, *root.children(recursive=True)]:
-            try:
-                rss += proc.memory_info().rss
-                tasks += proc.num_threads()
-            except psutil.Error:
-                pass
-        if rss > limits.memory:
-            return f"the notebook used more than {_size(limits.memory)} of memory"
-        if tasks > limits.tasks:
-            return f"the notebook started more than {limits.tasks} processes and threads"
-        used = 0
-        for folder, _, names in os.walk(self.exchange):
-            for name in names:
+            return msg("the notebook ran longer than {seconds} s in all", seconds=f"{limits.wall_seconds:g}")
+        if self.cgroup is not None:
+            crossed = self.cgroup.crossed()
+            if crossed:
+                return _CROSSED[crossed](limits)
+        else:
+            rss, tasks = 0, 0
+            for proc in [root, *root.children(recursive=True)]:
                 try:
-                    used += os.lstat(os.path.join(folder, name)).st_size
-                except OSError:
+                    rss += proc.memory_info().rss
+                    tasks += proc.num_threads()
+                except psutil.Error:
                     pass
-        if used > limits.exchange:
-            return f"the notebook wrote more than {_size(limits.exchange)} to the grader's exchange folder"
+            if rss > limits.memory:
+                return _CROSSED["memory"](limits)
+            if tasks > limits.tasks:
+                return _CROSSED["tasks"](limits)
+        used, entries = self.exchange.usage(limits.exchange_entries)
+        if used > limits.exchange or entries > limits.exchange_entries:
+            return msg("the notebook wrote more than {size} or {count} files to the grader's exchange folder",
+                       size=_size(limits.exchange), count=limits.exchange_entries)
         return None
+
+
+_CROSSED = {
+    "memory": lambda limits: msg("the notebook used more than {size} of memory", size=_size(limits.memory)),
+    "tasks": lambda limits: msg("the notebook started more than {count} processes and threads", count=limits.tasks),
+}
 
 
 def _size(n: int) -> str:

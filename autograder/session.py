@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import transfer
 from .chapters import ChapterInfo
-from .kernel import Exchange
+from .exchange import Exchange
 
 
 class GradingSession:
@@ -39,7 +39,7 @@ class GradingSession:
     def after_test(self, test_id):
         if test_id in self.hidden.memory_rules and self.kernel is not None:
             self.memory_rise[test_id] = self.kernel.peak_memory_rise()
-        transfer.take_results(self.exchange.results, self.private, test_id)
+        transfer.take_results(self.exchange, self.private, test_id)
         self.exchange.clear()
         self.completed.add(test_id)
 

@@ -57,12 +57,13 @@ def encode_call(index: int, probe, deps: dict, arrays: dict, model_source=None) 
     }
 
 
-def take_results(source: Path, private: Path, test_id: str) -> None:
-    """Copy a test's result files out of the kernel's reach (plain files of bounded size only)."""
+def take_results(exchange, private: Path, test_id: str) -> None:
+    """Copy a test's result files out of the kernel's reach: regular files of bounded size only,
+    read without following links or blocking (``Exchange.read_result``)."""
     for suffix in (".json", ".npz"):
-        src = source / f"{test_id}{suffix}"
-        if src.is_file() and not src.is_symlink() and src.stat().st_size < MAX_RESULT_BYTES:
-            (private / f"{test_id}{suffix}").write_bytes(src.read_bytes())
+        data = exchange.read_result(f"{test_id}{suffix}", MAX_RESULT_BYTES)
+        if data is not None:
+            (private / f"{test_id}{suffix}").write_bytes(data)
 
 
 def read_results(private: Path, test_id: str) -> list[dict] | None:

@@ -14,6 +14,7 @@ import pytest
 
 from autograder import hidden as H
 from autograder import probe, transfer
+from autograder.exchange import Exchange
 
 TOY = textwrap.dedent('''
     import torch
@@ -77,9 +78,9 @@ def toy(tmp_path_factory):
 
 
 def _judge(tests, test_id, student_source, tmp_path, monkeypatch) -> list[str]:
-    cases, results, private = (tmp_path / n for n in ("cases", "results", "private"))
-    for d in (cases, results, private):
-        d.mkdir(exist_ok=True)
+    exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
+    cases, results = exchange.cases, exchange.results
+    private.mkdir(exist_ok=True)
     probes = tests.build(test_id)
     arrays: dict = {}
     calls = [transfer.encode_call(i, p, {}, arrays, tests.model_source) for i, p in enumerate(probes)]
@@ -89,7 +90,7 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch) -> list[str]:
     namespace: dict = {}
     exec(compile(student_source, "<student>", "exec"), namespace)
     probe.run(test_id, namespace)
-    transfer.take_results(results, private, test_id)
+    transfer.take_results(exchange, private, test_id)
     got = transfer.read_results(private, test_id)
     return [problem for p, g in zip(probes, got) for problem in H.judge_probe(p, g, set())]
 

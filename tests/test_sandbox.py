@@ -124,7 +124,22 @@ def attacks(host) -> dict[str, str]:
                         pass
             ok = False
         """,
+        # pid 1 inside is bwrap: its arguments and environment must name nothing of the host.
+        "read_the_launcher": f"""
+            import os
+            seen = b""
+            for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+                for part in ("cmdline", "environ"):
+                    try:
+                        seen += open(f"/proc/{{pid}}/{{part}}", "rb").read()
+                    except OSError:
+                        pass
+            ok = any(word.encode() in seen for word in ({str(ROOT)!r}, "attn-grader", "ATTN_TEST_SECRET", "/root"))
+        """,
     }
+
+
+ATTACKS = list(attacks({"private": Path("/private"), "port": 0}))  # the names, for parametrize
 
 
 def _tree_digest(*folders: Path) -> dict[str, str]:
@@ -144,10 +159,7 @@ def graded(host, grade_catalog):
     return results, before
 
 
-@pytest.mark.parametrize("name", ["native_read_reference", "numpy_memmap_private_file", "native_write_reference",
-                                  "list_other_students", "loopback_network", "see_other_processes",
-                                  "environment_secret", "fill_the_disk", "write_the_python_environment",
-                                  "signal_the_grader"])
+@pytest.mark.parametrize("name", ATTACKS)
 def test_escape_gains_nothing(graded, name):
     result = graded[0][f"escape:{name}"]
     assert "error" not in result, result
@@ -173,27 +185,39 @@ def test_the_native_read_is_a_real_attack_without_the_sandbox(host, tmp_path):
 
 
 # ------------------------------------------------------------------ limits
+# name -> (code run before the SelfAttention answer, limits for the run, words of the message)
 LIMITS = {
     "memory": ("import numpy as np\nblocks = []\nwhile True:\n    blocks.append(np.ones(2**27))\n",
-               "more than 1 GiB of memory"),
+               {"MEMORY": 2**30}, "more than 1 GiB of memory"),
     "threads": ("import threading, time\nfor _ in range(10000):\n"
                 "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
-                "processes and threads"),
+                {}, "processes and threads"),
     "exchange_flood": ("import os\nd = os.environ['ATTN_GRADER_RESULTS']\n"
                        "for i in range(10000):\n    open(os.path.join(d, f'junk{i}'), 'wb').write(b'x' * 2**20)\n",
-                       "exchange folder"),
+                       {"EXCHANGE": 2**27}, "exchange folder"),
+    "exchange_entries": ("import os\nd = os.environ['ATTN_GRADER_RESULTS']\n"
+                         "for i in range(10**6):\n    os.mkdir(os.path.join(d, f'e{i}'))\n",
+                         {"EXCHANGE_ENTRIES": 2000}, "files to the grader's exchange folder"),
+    # Bursts that land far past a limit between two polls: the kernel (cgroup) stops them at it.
+    "memory_burst_6_GiB_at_once": ("import torch\nburst = torch.ones(6 * 2**30 // 4)\n", {},
+                                   "more than 4 GiB of memory"),
+    "thread_burst_600": ("import threading, time\nfor _ in range(600):\n"
+                         "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+                         {}, "more than 256 processes and threads"),
+    "tmpfs_pages_count_as_memory": ("import numpy as np\nnp.ones(900 * 2**17).tofile('/tmp/fill')\n"  # 900 MiB in /tmp
+                                    "rest = np.ones(2**27)\n",  # then 1 GiB of RSS
+                                    {"MEMORY": int(1.5 * 2**30)}, "more than 1.5 GiB of memory"),
 }
 
 
 @pytest.mark.parametrize("name", list(LIMITS))
 def test_a_limit_costs_only_the_tests_that_did_not_run_and_names_it(name, tmp_path):
-    code, words = LIMITS[name]
-    nb = submission(base="reference", chapter=CHAPTER, append=[])
+    code, limits, words = LIMITS[name]
     # The hog runs in the SelfAttention answer: earlier exercises keep their points.
     nb = submission({"SelfAttention": code + "\n" + reference_answers(CHAPTER)["SelfAttention"]}, chapter=CHAPTER)
     path = tmp_path / f"{CHAPTER}.ipynb"
     nbformat.write(nb, path)
-    env = {**os.environ, "ATTN_GRADER_LIMIT_MEMORY": str(2**30), "ATTN_GRADER_LIMIT_EXCHANGE": str(2**27)}
+    env = {**os.environ, **{f"ATTN_GRADER_LIMIT_{k}": str(v) for k, v in limits.items()}}
     proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -201,6 +225,144 @@ def test_a_limit_costs_only_the_tests_that_did_not_run_and_names_it(name, tmp_pa
     assert data["score"] == 6.0, data  # everything before SelfAttention's 4 points
     lost = " ".join(data["exercises"]["SelfAttention"]["feedback"])
     assert words in lost, lost
+
+
+def test_the_kernel_enforces_memory_and_tasks_where_cgroups_exist():
+    """On this machine (root, writable cgroups) the report says the kernel enforced the limits."""
+    from autograder import cgroups
+    group = cgroups.create(2**30, 64)
+    if group is None:
+        pytest.skip("no writable cgroup hierarchy with memory and pids here: the watchdog polls instead")
+    group.remove()
+    path = ROOT / "chapters" / f"{CHAPTER}.ipynb"
+    text = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600).stdout
+    assert f"enforced the sandbox's memory and task limits ({group.enforcement})" in text, text
+
+
+def test_a_burst_is_stopped_at_the_limit_not_past_it():
+    """6 GiB touched in one allocation stops at the 4 GiB the cgroup allows (the poller saw it too late)."""
+    from jupyter_core.utils import run_sync
+
+    from autograder.grading import KernelSlot
+
+    slot = KernelSlot()
+    if slot.kernel.cgroup is None:
+        slot.close()
+        pytest.skip("no writable cgroup hierarchy here")
+    try:
+        client = slot.kernel.client()
+        client.start_channels()
+        run_sync(client.wait_for_ready)(timeout=60)
+        try:
+            run_sync(client.execute_interactive)("import torch\nburst = torch.ones(6 * 2**30 // 4)", timeout=120,
+                                                 output_hook=lambda msg: None)
+        except Exception:  # noqa: BLE001 - the kernel is killed mid-cell
+            pass
+        client.stop_channels()
+        peak = slot.kernel.cgroup.peak_memory()
+        assert slot.kernel.limit_reason == "the notebook used more than 4 GiB of memory"
+        assert peak is not None and peak <= 4 * 2**30, peak
+    finally:
+        slot.close()
+
+
+# ------------------------------------------------------------------ the exchange folder, raced
+CANARY = "a host file no grader may read or delete"
+
+
+def race_attack(canary: Path) -> nbformat.NotebookNode:
+    """A background thread swaps every result the grader is about to read for a symlink to a host
+    file or folder, a FIFO with no writer, or a folder holding a link, as fast as it can."""
+    return attack(f"""
+        import os, threading
+        results, cases = os.environ["ATTN_GRADER_RESULTS"], os.environ["ATTN_GRADER_CASES"]
+
+        def swap():
+            i = 0
+            while True:
+                i += 1
+                for name in os.listdir(cases) or ["x.json"]:
+                    spare = os.path.join(results, f".spare{{i % 4}}")
+                    try:
+                        if i % 4 == 0:
+                            os.symlink({str(canary)!r}, spare)
+                        elif i % 4 == 1:
+                            os.mkfifo(spare)
+                        elif i % 4 == 2:
+                            os.mkdir(spare)
+                            os.symlink({str(canary.parent)!r}, os.path.join(spare, "host"))
+                        else:
+                            os.symlink({str(canary.parent)!r}, spare)
+                        os.replace(spare, os.path.join(results, name))
+                    except OSError:
+                        pass
+                    try:  # the inputs are read-only inside: a link planted there would redirect the grader's writes
+                        os.symlink({str(canary)!r}, os.path.join(cases, "planted.json"))
+                    except OSError:
+                        pass
+
+        threading.Thread(target=swap, daemon=True).start()
+        ok = False
+    """)
+
+
+def test_results_swapped_in_a_loop_read_nothing_of_the_host_and_block_nothing(tmp_path):
+    canary = tmp_path / "host" / "canary.json"
+    canary.parent.mkdir()
+    canary.write_text(CANARY)
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(race_attack(canary), path)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ATTN_GRADER_CELL_TIMEOUT": "20"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["score"] == 0.0
+    assert canary.read_text() == CANARY and sorted(p.name for p in canary.parent.iterdir()) == ["canary.json"]
+
+
+def test_read_result_under_a_racing_swapper_never_follows_or_blocks(tmp_path):
+    """The grader's read of one result, against a thread swapping the file as fast as it can."""
+    import threading
+    import time
+
+    from autograder.exchange import Exchange
+
+    canary = tmp_path / "canary.json"
+    canary.write_text(CANARY)
+    exchange = Exchange(tmp_path / "exchange")
+    target, stop = exchange.results / "t.json", threading.Event()
+
+    def swap():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            spare = exchange.results / f".spare{i % 4}"
+            try:
+                [lambda: spare.write_text('{"probes": []}'), lambda: spare.symlink_to(canary),
+                 lambda: os.mkfifo(spare), lambda: spare.mkdir()][i % 4]()
+                os.replace(spare, target)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    kinds, slowest = set(), 0.0
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            data = exchange.read_result("t.json", 2**20)
+            slowest = max(slowest, time.monotonic() - started)
+            kinds.add(data)
+            exchange.clear()
+    finally:
+        stop.set()
+        thread.join()
+    assert CANARY.encode() not in kinds
+    assert kinds <= {None, b'{"probes": []}'} and b'{"probes": []}' in kinds, kinds
+    assert slowest < 1.0, slowest
+    assert canary.read_text() == CANARY
 
 
 # ------------------------------------------------------------------ class mode
