@@ -204,7 +204,8 @@ LIMITS = {
     "thread_burst_600": ("import threading, time\nfor _ in range(600):\n"
                          "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
                          {}, "more than 256 processes and threads"),
-    "tmpfs_pages_count_as_memory": ("import numpy as np\nnp.ones(900 * 2**17).tofile('/tmp/fill')\n"  # 900 MiB in /tmp
+    "tmpfs_pages_count_as_memory": ("import numpy as np\nhalf = np.ones(450 * 2**17)\n"  # 900 MiB in /tmp
+                                    "half.tofile('/tmp/a')\nhalf.tofile('/tmp/b')\ndel half\n"
                                     "rest = np.ones(2**27)\n",  # then 1 GiB of RSS
                                     {"MEMORY": int(1.5 * 2**30)}, "more than 1.5 GiB of memory"),
 }
