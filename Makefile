@@ -11,7 +11,8 @@ $(INSTALLED): requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-install: $(INSTALLED)
+## The venv and the grader's sandbox: everything `python -m autograder` needs
+install: $(INSTALLED) sandbox
 
 ## Regenerate learner notebooks, instructor notebooks, reference and hidden modules from course/
 generate: $(INSTALLED)
@@ -48,7 +49,7 @@ test: $(INSTALLED) sandbox fonts
 	$(PY) -m pytest tests
 
 ## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb
-grade: $(INSTALLED)
+grade: install
 	$(PY) -m autograder grade $(NB)
 
 clean:
