@@ -67,6 +67,10 @@ class Probe:
     equivalent: Callable[[Any, Any], bool] | None = None
     reference: Callable | None = None  # filled by the builder
     cotangents: tuple = ()
+    # callables (probe, model_calls) -> message or None: how the code used its model arguments,
+    # from the kernel's record (``attn_probe``: one {"method", "rows"} per call of encode, decode,
+    # forward or out); run on passing values, as ``checks`` are
+    call_checks: tuple = ()
 
 
 @dataclasses.dataclass
@@ -112,7 +116,7 @@ class Builder:
         return torch.rand(*shape, generator=self.gen) < p
 
     def function(self, name, *args, grad=False, mistakes=(), checks=(), label="", deps=(), strict=False,
-                 equivalent=None, **kwargs):
+                 equivalent=None, call_checks=(), **kwargs):
         """Probe ``name(*args, **kwargs)``.
 
         strict: compare float64 results to float64 precision. Only for an exercise whose
@@ -122,7 +126,8 @@ class Builder:
         """
         probe = Probe(target=name, args=args, kwargs=kwargs, mistakes=tuple(mistakes),
                       checks=tuple(checks), label=label, deps=tuple(deps), strict=strict,
-                      equivalent=equivalent, reference=getattr(self.tests.reference, name))
+                      equivalent=equivalent, reference=getattr(self.tests.reference, name),
+                      call_checks=tuple(call_checks))
         if grad:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)
@@ -137,7 +142,7 @@ class Builder:
         Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
         dtype: run the module in this dtype (``torch.float64``), parameters included.
         """
-        module = self._reference_module(name, init, dtype)
+        module = self._reference_module(name, init, dtype).eval()  # as the kernel runs it: dropout off
         probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
                       state={n: p.detach().clone() for n, p in module.named_parameters()},
                       grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
@@ -441,6 +446,10 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         return problems
     for check in probe.checks:
         hint = check(probe, student)
+        if hint:
+            problems.append(from_tests(hint))
+    for check in probe.call_checks:
+        hint = check(probe, got.get("model_calls"))
         if hint:
             problems.append(from_tests(hint))
     changed = [i for i, (sent, after) in enumerate(zip(probe.args, got.get("inputs_after", [])))

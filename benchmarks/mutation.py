@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autograder import hidden as H  # noqa: E402
+from autograder import probe as P  # noqa: E402
 
 from coursekit.conventions import chapter_names  # noqa: E402
 
@@ -427,6 +428,10 @@ def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> 
             return {"status": "missing"}
         args = [_clone(a) for a in probe.args]
         kwargs = {k: _clone(v) for k, v in probe.kwargs.items()}
+        models = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.nn.Module)]
+        for model in models:                     # the kernel's record of the model's calls
+            P._record_calls(model)
+        P._MODEL_CALLS.clear()
         for i in probe.grad_args:
             args[i].requires_grad_(True)
         params = {}
