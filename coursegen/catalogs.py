@@ -27,6 +27,8 @@ from babel.messages.pofile import read_po, write_po
 
 from coursekit.conventions import ROOT
 
+from .translatable import FIELD_LITERAL
+
 LOCALES = ROOT / "locales"
 LANGUAGES = ("zh_CN",)
 PROJECT = "Attention from Scratch"
@@ -129,7 +131,9 @@ def markup(text: str, kind: str) -> collections.Counter:
     """What a translation must keep as written: math, code, roles, link targets and directive
     lines in markdown; ``{fields}``, escapes and code in strings; code in comments."""
     if kind in ("string", "message"):
-        return collections.Counter(_FIELD.findall(text) + re.findall(r"\\.", text) + _CODE.findall(text))
+        # a field's shown literals are text, and a field that only shows one may pad it to another width
+        fields = [re.sub(r"^\{''(?::[<>^]?\d*s?)?\}$", "{''}", FIELD_LITERAL.sub("''", f)) for f in _FIELD.findall(text)]
+        return collections.Counter(fields + re.findall(r"\\.", text) + _CODE.findall(text))
     if kind in ("comment", "docstring"):
         return collections.Counter(_CODE.findall(text))
     found = collections.Counter(m.group(0).strip() for m in _LINES.finditer(text))
