@@ -14,7 +14,7 @@ from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE
 from coursekit.nbgrader_course import generate_assignment
 
 from .catalogs import po_path, translations
-from .translatable import translate_code, translate_markdown
+from .translatable import chapter_labels, translate_code, translate_markdown
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
@@ -142,13 +142,14 @@ def translated_chapter(chapter: Chapter, language: str) -> Chapter:
     The given cell that imports pyplot also picks a font for the edition's script.
     """
     found = translations(f"chapters/{chapter.name}", language).get
+    labels = chapter_labels(chapter.cells)
 
     def cell_in(cell):
         if cell.kind == "hidden":
             return cell
         if cell.kind == "markdown":
             return dataclasses.replace(cell, source=translate_markdown(cell.source, found))
-        source = translate_code(cell.source, cell.kind, found)
+        source = translate_code(cell.source, cell.kind, found, labels)
         if cell.kind == "code" and PYPLOT_IMPORT.search(source):
             source = source.rstrip("\n") + C.figure_font_setup(language)
         return dataclasses.replace(cell, source=source)

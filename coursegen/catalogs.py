@@ -56,12 +56,13 @@ def extracted(domain: str) -> list[Unit]:
     """The English units of a domain, in reading order, each once."""
     if domain.startswith("chapters/"):
         from . import parse_chapter
-        from .translatable import units
+        from .translatable import chapter_labels, units
         from coursekit.conventions import COURSE_DIR
         name = domain.split("/", 1)[1]
         chapter = parse_chapter(COURSE_DIR / f"{name}.py")
-        found = [Unit(text, f"course/{name}.py:{cell.line}", kind)
-                 for cell in chapter.cells if cell.kind != "hidden" for text, kind in units(cell.kind, cell.source)]
+        labels = chapter_labels(chapter.cells)
+        found = [Unit(text, f"course/{name}.py:{cell.line}", kind) for cell in chapter.cells
+                 if cell.kind != "hidden" for text, kind in units(cell.kind, cell.source, labels)]
     elif domain == FRONT_MATTER:
         from .front_matter import front_matter_units
         found = [Unit(text, where, "markdown") for text, where in front_matter_units()]

@@ -214,8 +214,8 @@ def _string_tokens(source: str) -> list[tokenize.TokenInfo]:
 _QUOTED = re.compile(r"^(?P<prefix>[rRbBuUfF]*)(?P<quote>'''|\"\"\"|'|\")(?P<body>.*)(?P=quote)$", re.S)
 
 
-def code_spans(source: str, cell_kind: str) -> list[Span]:
-    """The translatable units of one code cell, in order."""
+def code_spans(source: str, cell_kind: str, labels: frozenset[str] = frozenset()) -> list[Span]:
+    """The translatable units of one code cell, in order (LABELS: see ``chapter_labels``)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -254,6 +254,15 @@ def code_spans(source: str, cell_kind: str) -> list[Span]:
             continue
         prefix = ("f" if is_f else "") + ("r" if "r" in quoted[0]["prefix"].lower() else "")
         spans.append(Span(start, end, body, "string", prefix + quoted[0]["quote"]))
+    if cell_kind == "code" and labels:
+        taken = {s.start for s in spans}
+        for token in tokens:
+            quoted = _QUOTED.match(token.string)
+            if quoted and quoted["prefix"].lower() in ("", "r") and quoted["body"] in labels:
+                start = at(*token.start)
+                if start not in taken:
+                    spans.append(Span(start, at(*token.end), quoted["body"], "string",
+                                      quoted["prefix"] + quoted["quote"]))
     spans += _visible_comments(source, offsets)
     if cell_kind == "exercise":
         hidden = _solution_regions(source, offsets)
@@ -305,17 +314,23 @@ def _rebuilt(span: Span, translation: str) -> str:
     return f"{span.prefix}{translation}{quote}"
 
 
-def translate_code(source: str, cell_kind: str, lookup) -> str:
+def translate_code(source: str, cell_kind: str, lookup, labels: frozenset[str] = frozenset()) -> str:
     """SOURCE with every unit replaced by ``lookup(unit)`` (None keeps the English)."""
     out, last = [], 0
-    for span in code_spans(source, cell_kind):
+    for span in code_spans(source, cell_kind, labels):
         translation = lookup(span.text)
         if translation is None or span.start < last:  # a span inside one already replaced
             continue
         out += [source[last:span.start], _rebuilt(span, translation)]
         last = span.end
     out.append(source[last:])
-    return "".join(out)
+    text = "".join(out)
+    for label in labels if cell_kind == "code" else ():  # the same key inside an f-string's {fields}
+        translation = lookup(label)
+        if translation:
+            text = re.sub(r"""(?<=[\[{(,\s])(['"])""" + re.escape(label) + r"\1",
+                          lambda m: m.group(1) + translation + m.group(1), text)
+    return text
 
 
 def translate_markdown(text: str, lookup) -> str:
@@ -323,8 +338,65 @@ def translate_markdown(text: str, lookup) -> str:
     return "\n\n".join((lookup(b) if is_prose(b) else None) or b for b in blocks)
 
 
-def units(kind: str, source: str) -> list[tuple[str, str]]:
+def units(kind: str, source: str, labels: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     """(msgid, unit kind) of one cell, in order; unit kinds: markdown, string, docstring, comment."""
     if kind == "markdown":
         return [(b, "markdown") for b in markdown_blocks(source) if is_prose(b)]
-    return [(s.text, s.kind) for s in code_spans(source, kind)]
+    return [(s.text, s.kind) for s in code_spans(source, kind, labels)]
+
+
+_LABEL_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def chapter_labels(cells) -> frozenset[str]:
+    """Labels that given code keeps as data and later draws or prints (as written between
+    their quotes): the strings of tuples a ``for`` loop walks (``for name, x in [("no attention", ...), ...]``)
+    and of records that pair data with a label (``panels = [(mask, "causal & padding")]``), the
+    string keys of dict literals (``{"top-p, p = 0.9": ...}``), and the arguments given to a
+    chapter function's parameter named like a title or a label.
+
+    Such a label is a key too (``kept["top-p, p = 0.9"]``), so every quoted copy of it in
+    the chapter's given code is translated alike, f-string fields included. A string that
+    graded code (exports, exercises, tests, hidden tests) also uses is not a label, nor is a
+    one-word dict key or record field (it may be a keyword argument's name or a setting).
+    """
+    trees, graded = [], set()
+    for cell in cells:
+        if cell.kind == "markdown":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        if cell.kind != "code":
+            graded.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+        else:
+            trees.append((cell.source, tree))
+    text_params = {}
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                text_params[node.name] = [i for i, a in enumerate(node.args.args)
+                                          if a.arg.endswith(("title", "label", "titles", "labels"))]
+    found = []
+    for source, tree in trees:
+        nodes = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.For) and isinstance(node.iter, (ast.List, ast.Tuple)):
+                nodes += [e for t in node.iter.elts if isinstance(t, ast.Tuple) for e in t.elts]
+            elif isinstance(node, (ast.List, ast.Tuple)):  # records that pair data with a label, not vocabularies
+                nodes += [e for t in node.elts if isinstance(t, ast.Tuple)
+                          and not all(isinstance(x, ast.Constant) for x in t.elts) for e in t.elts]
+            elif isinstance(node, ast.Dict):
+                nodes += [k for k in node.keys if k is not None]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in text_params:
+                nodes += [node.args[i] for i in text_params[node.func.id] if i < len(node.args)]
+        for node in nodes:
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or node.value in graded:
+                continue
+            quoted = _QUOTED.match(ast.get_source_segment(source, node) or "")
+            if quoted and quoted["prefix"].lower() in ("", "r") and quoted["quote"] in ("'", '"') \
+                    and _LABEL_WORD.search(node.value) and not re.fullmatch(r"#?[\w.:-]+", node.value) \
+                    and not re.search(r"['\"{}\n]", node.value):
+                found.append(quoted["body"])
+    return frozenset(found)
