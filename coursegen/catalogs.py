@@ -27,6 +27,7 @@ from babel.messages.pofile import read_po, write_po
 
 from coursekit.conventions import ROOT
 
+from . import headings
 from .translatable import FIELD_LITERAL
 
 LOCALES = ROOT / "locales"
@@ -105,6 +106,9 @@ def write(catalog: Catalog, domain: str, language: str) -> None:
 def update(domain: str, language: str) -> Catalog:
     catalog = read(domain, language)
     catalog.update(template(domain), no_fuzzy_matching=False)
+    for message in catalog:  # the standard headings come from one table
+        if message.id and message.string:
+            message.string = headings.standard(message.id, message.string, language)
     catalog.fuzzy = False
     catalog.revision_date = catalog.creation_date = catalog.creation_date.replace(year=2026, month=1, day=1,
                                                                                   hour=0, minute=0, second=0)
@@ -159,6 +163,9 @@ def problems(domain: str, language: str) -> list[str]:
             found.append(f"{rel}: untranslated ({unit.where}): {short!r}")
         elif message.fuzzy:
             found.append(f"{rel}: fuzzy, the English changed ({unit.where}): {short!r}")
+        elif unit.kind == "markdown" and headings.problems(unit.text, message.string, language):
+            found.append(f"{rel}: heading ({unit.where}): {headings.problems(unit.text, message.string, language)}"
+                         " (run `python -m coursegen.catalogs update`)")
         else:
             want, got = markup(unit.text, unit.kind), markup(message.string, unit.kind)
             if want != got:
