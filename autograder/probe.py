@@ -196,6 +196,8 @@ def _call_one(probe, arrays, ns, writer):
         result = {"status": "timeout"}
     except Exception as err:  # noqa: BLE001
         result = {"status": "error", "error": _error_text(err)}
+        if probe.get("expects_error"):  # the judge reads the message itself (e.g. does it name a key?)
+            result["error_message"] = str(err)[:1000]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
