@@ -549,8 +549,9 @@ assert not torch.allclose(lf_w, torch.softmax(lf_q @ (lf_E @ lf_k).transpose(-2,
 assert torch.allclose(lf_w, lf_ref_w, atol=1e-5), "weights differ from softmax(Q (E K)^T / sqrt(d_k))"
 assert torch.allclose(lf_out, lf_ref_w @ (lf_F @ lf_v), atol=1e-5), "output differs from weights @ (F V)"
 
-# %% [test test_linformer_attention_shapes points=1]
-"""The projection acts along the sequence (N_k), for any leading dimensions."""
+# %% [test test_linformer_attention_sequence_axis points=1]
+"""E and F project along the sequence (E @ key mixes the N_k positions, not the features), for any
+leading dimensions and any k: the outputs and weights are compared."""
 torch.manual_seed(1)
 ls_x = torch.randn(1, 2, 6, 6)                      # N_k == d_k: both sides fit, only one is right
 ls_E, ls_F = torch.randn(2, 6), torch.randn(2, 6)
@@ -783,7 +784,8 @@ assert torch.allclose(linear_attention(lcq, lck, lcv2, causal=True)[..., :100, :
     "causal: outputs 0..99 must not depend on values at positions >= 100 (future keys included?)"
 
 # %% [test test_linear_attention_memory points=1]
-"""No N x N tensor: at N = 4096, peak memory stays far below one 4096 x 4096 matrix (64 MiB)."""
+"""No N x N tensor: at N = 4096, peak memory stays far below one 4096 x 4096 matrix (64 MiB). Graded at
+N = 8192, causal and not: the memory, and the outputs too."""
 lm_q, lm_k, lm_v = (torch.randn(1, 4096, 16) for _ in range(3))
 for lm_causal in (False, True):
     _, lm_mib = peak_memory(lambda: linear_attention(lm_q, lm_k, lm_v, causal=lm_causal))
@@ -1273,7 +1275,8 @@ fs_64 = flash_attention(fs_q.double(), fs_k.double(), fs_v.double(), block_size=
 assert fs_64.dtype == torch.float64, f"float64 inputs must give a float64 output, got {fs_64.dtype}"
 
 # %% [test test_flash_attention_memory points=1]
-"""Never N_q x N_k: at N = 4096 with block_size=256, memory stays far below one 4096 x 4096 matrix (64 MiB)."""
+"""Never N_q x N_k: at N = 4096 with block_size=256, memory stays far below one 4096 x 4096 matrix (64 MiB).
+Graded at N = 8192, causal and not: the memory, and the outputs too."""
 fm_q, fm_k, fm_v = (torch.randn(1, 4096, 32) for _ in range(3))
 for fm_causal in (False, True):
     _, fm_mib = peak_memory(lambda: flash_attention(fm_q, fm_k, fm_v, block_size=256, causal=fm_causal))
@@ -1475,7 +1478,8 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, num_kv_heads):
         super().__init__()
-        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0
+        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0, \
+            "d_model must be divisible by num_heads, and num_heads by num_kv_heads"
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
@@ -1568,7 +1572,7 @@ _, gk_wp = gk(gk_x, mask=gk_pad)
 assert (gk_wp[1, ..., 3:] == 0).all(), "padding mask: the padded keys of sequence 1 must get weight 0"
 
 # %% [test test_GroupedQueryAttention_gradients points=1]
-"""Gradients reach every projection and the input."""
+"""Gradients reach every projection and the input (the output is compared too)."""
 torch.manual_seed(3)
 gg = GroupedQueryAttention(d_model=8, num_heads=2, num_kv_heads=1)
 gg_x = torch.randn(2, 4, 8, requires_grad=True)
@@ -1955,7 +1959,7 @@ def _(t):
                t.randn(6, 6) / 2, mistakes=LINFORMER_MISTAKES, label="k = N_k")
 
 
-@hidden.test("test_linformer_attention_shapes")
+@hidden.test("test_linformer_attention_sequence_axis")
 def _(t):
     x = t.randn(1, 2, 6, 6)
     t.function("linformer_attention", x, x.clone(), x.clone(), t.randn(2, 6), t.randn(2, 6),

@@ -295,7 +295,8 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, num_kv_heads):
         super().__init__()
-        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0
+        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0, \
+            "d_model must be divisible by num_heads, and num_heads by num_kv_heads"
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads

@@ -16,7 +16,7 @@ CHAPTER = "06_efficient_attention"
 POINTS = {
     "test_local_attention_mask_window": 1, "test_local_attention_mask_causal": 1,
     "test_local_attention_mask_global": 1,
-    "test_linformer_attention_values": 2, "test_linformer_attention_shapes": 1,
+    "test_linformer_attention_values": 2, "test_linformer_attention_sequence_axis": 1,
     "test_linear_attention_values": 1, "test_linear_attention_causal": 2, "test_linear_attention_memory": 1,
     "test_performer_features_values": 2, "test_lsh_hash_values": 2,
     "test_flash_attention_values": 2, "test_flash_attention_causal": 1, "test_flash_attention_stability": 1,
@@ -372,7 +372,7 @@ MISTAKES = {
         v_proj = (value @ F.transpose(-2, -1)).transpose(-2, -1)
         w = torch.softmax(query @ k_proj.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ v_proj, w
-    """)}), {"test_linformer_attention_values": "raised", "test_linformer_attention_shapes": "along the features"}),
+    """)}), {"test_linformer_attention_values": "raised", "test_linformer_attention_sequence_axis": "along the features"}),
     "linformer_E_F_swapped": (sub({"linformer_attention": fn("linformer_attention", """
         w = torch.softmax(query @ (F @ key).transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ (E @ value), w
