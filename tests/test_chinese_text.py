@@ -159,7 +159,7 @@ def _untranslated(chapter: str) -> list[str]:
                 if len(words) >= 3:
                     found.append(f"cell {number}, markdown: {words[:6]} in {block[:90]!r}")
             continue
-        source = _code(cell)
+        source = cell.source  # the figure-font setup included: its comment is read too
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type == tokenize.COMMENT and not HAN.search(token.string) \
                     and not re.match(r"#\s*(noqa|type:|pragma)", token.string):
