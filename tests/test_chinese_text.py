@@ -39,6 +39,7 @@ NOT_PROSE = {
     "Transformer", "Transformers", "Attention", "Bahdanau", "Luong", "Hugging", "Face", "Python",
     "PyTorch", "Jupyter", "Linux", "Adam", "Linformer", "Performer", "Reformer", "Longformer",
     "BigBird", "FlashAttention", "Llama", "Mistral", "Falcon", "Thinking", "Machines",
+    "nan", "inf", "tensor", "True", "False", "None", "grad", "requires", "device",  # a tensor's repr
 }
 # Figure settings written as strings (matplotlib's vocabulary, not text anyone reads).
 SETTINGS = re.compile(r"^(?:upper|lower|center)(?: (?:left|right|center))?$|^round,pad=|^tab:\w+$")
@@ -299,3 +300,60 @@ def test_edition_notes_hold_no_host_name():
         for notes in chapters.values():
             for _, note in notes:
                 assert not re.search(r"https?://[a-z0-9-]+\.[a-z]", note), "name no mirror host: it may change"
+
+
+# --------------------------------------------------------------------------- run: what figures and prints show
+
+RUN_CHAPTERS = ("02_self_attention", "03_multi_head_attention")  # fast ones; the others train for minutes
+COLLECT_FIGURE_TEXT = '''
+import json as _json, matplotlib as _mpl
+_mpl.use("Agg")
+import matplotlib.pyplot as _plt
+from matplotlib.text import Text as _Text
+_figure_text = []
+def _show(*args, **kwargs):
+    for _number in _plt.get_fignums():
+        _figure = _plt.figure(_number)
+        _figure.canvas.draw()
+        _figure_text.extend(t.get_text() for t in _figure.findobj(_Text) if t.get_text().strip())
+    _plt.close("all")
+    with open("figure_text.json", "w") as _file:
+        _json.dump(_figure_text, _file)
+_plt.show = _show
+'''
+
+
+def _run_with_reference(chapter: str, tmp_path) -> tuple[list[str], list[str]]:
+    """Every Text artist's string the Chinese notebook draws, and every line it prints (reference run)."""
+    import json
+    import warnings
+
+    from nbclient import NotebookClient
+
+    from coursegen import parse_chapter
+    from coursekit.conventions import COURSE_DIR, strip_solution_markers
+    solutions = {c.name: strip_solution_markers(c.source)
+                 for c in parse_chapter(COURSE_DIR / f"{chapter}.py").of_kind("exercise")}
+    nb = _notebook(chapter)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") in solutions:
+            cell.source = solutions[cell.metadata["nbgrader"]["grade_id"]]
+    nb.cells.insert(0, nbformat.v4.new_code_cell(COLLECT_FIGURE_TEXT))
+    nb.cells.append(nbformat.v4.new_code_cell("_show()"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = [line for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if o.get("output_type") == "stream" and o.get("name") == "stdout" for line in o["text"].splitlines()]
+    return json.loads((tmp_path / "figure_text.json").read_text()), printed
+
+
+@pytest.mark.parametrize("chapter", RUN_CHAPTERS)
+def test_figures_and_printed_lines_show_no_english(chapter, tmp_path):
+    """Run the Chinese notebook (reference solutions in the stubs) and read what it draws and prints."""
+    allowed = NOT_PROSE | _identifiers(chapter)
+    figures, printed = _run_with_reference(chapter, tmp_path)
+    assert figures and printed, "the run drew or printed nothing: the hook is broken"
+    english = [f"figure: {t!r}" for t in figures if not HAN.search(t) and len(_english_words(t, allowed)) >= 2]
+    english += [f"printed: {t!r}" for t in printed if not HAN.search(t) and len(_english_words(t, allowed)) >= 2]
+    assert not english, f"{chapter}: English in what the Chinese notebook shows:\n" + "\n".join(english)
