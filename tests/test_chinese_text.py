@@ -357,3 +357,16 @@ def test_figures_and_printed_lines_show_no_english(chapter, tmp_path):
     english = [f"figure: {t!r}" for t in figures if not HAN.search(t) and len(_english_words(t, allowed)) >= 2]
     english += [f"printed: {t!r}" for t in printed if not HAN.search(t) and len(_english_words(t, allowed)) >= 2]
     assert not english, f"{chapter}: English in what the Chinese notebook shows:\n" + "\n".join(english)
+
+
+MASK_WORDING = {"允许关注": "可以关注", "允许的": "可以关注的", "不可关注": "不能关注", "屏蔽": "掩蔽", "遮蔽": "掩蔽",
+                "被掩码": "被掩蔽"}
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_mask_polarity_has_one_wording(chapter):
+    """True means 可以关注 (may attend), False 不能关注; a masked score is 被掩蔽: one wording in every chapter."""
+    texts = [m.string for m in catalogs.read(f"chapters/{chapter}", LANGUAGE) if m.id and m.string]
+    found = [f"{variant!r} (say {say!r}): {t[max(0, t.find(variant) - 20):t.find(variant) + 20]!r}"
+             for t in texts for variant, say in MASK_WORDING.items() if variant in t]
+    assert not found, f"{chapter}:\n" + "\n".join(found)
