@@ -399,9 +399,7 @@ MISTAKES = {
             x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)[0]))
             x = self.norm2(x + self.dropout(self.cross_attn(memory, x, x, memory_mask)[0]))
             return self.norm3(x + self.dropout(self.ffn(x)))
-        """)}), {"test_DecoderLayer_post_ln": "raised RuntimeError",    # N_src != N_tgt: the residual sum fails
-                 "test_DecoderLayer_pre_ln": "raised RuntimeError",
-                 "test_DecoderLayer_masks": "queries taken from memory"}),
+        """)}), {t: "queries taken from memory" for t in DEC_TESTS}),   # named even where N_src != N_tgt fails
     "dec_masks_swapped": (sub({"DecoderLayer": decoder(STD_DEC_PRE.replace("h, h, h, tgt_mask", "h, h, h, memory_mask")
                                                        .replace("memory, memory, memory_mask", "memory, memory, tgt_mask") + """
             x = self.norm1(x + self.dropout(self.self_attn(x, x, x, memory_mask)[0]))
