@@ -4,8 +4,8 @@ CHAPTER_GUIDE.md ("Honesty"): every number the prose quotes from an experiment c
 from the executed cell through MyST-NB's ``glue``. A typed copy goes stale the day the
 experiment changes (Chapter 5 said "about 0.2 million parameters" next to a glued
 parameter count; Chapter 7 said "1,500 times its parameters" where the book's own
-numbers give about 1,130). Executing the chapters is too slow for ``make test``, so
-these checks read the sources in ``course/`` only:
+numbers give about 1,130). Executing the chapters is too slow for these checks, so
+they read the sources in ``course/``, and the glued values where a run left them:
 
 * every ``{glue:...}`name``` role in the prose names a ``glue("name", ...)`` call of
   the same chapter (a typo would render as an error in the book);
@@ -14,7 +14,14 @@ these checks read the sources in ``course/`` only:
   minutes, a size in KiB/MiB/GiB/MB/GB) is either a glue role or listed in ``TYPED``
   below with the reason it may be typed: a published figure, a definition, a threshold
   the text sets, arithmetic the text shows, or the reader's time estimate that the
-  guide asks every opening for.
+  guide asks every opening for;
+* where the book build (or ``test_chapter_runs_with_the_reference``) has cached a run
+  of the chapter as it is now in ``_build/executed/``, no number typed in the prose
+  equals a glued value of that run, as the prose would round it ("0.2 million" against
+  a glued count of 2xx,xxx, "5.9" against a glued 5.87). Numbers of one significant
+  digit without "million"/"billion"/"%" (100 tokens, p = 0.1) are too common to judge,
+  and a whole number without a unit is compared with glued whole numbers only.
+  Without a cached run this check is skipped, and says so.
 
 What it does not catch: a measured number without such a unit ("a loss of 1.77", "the
 weight 0.42"), and a typed number that a list entry already covers. Math (``$...$``),
@@ -23,11 +30,16 @@ code spans, links and the references are not prose here.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 
+import nbformat
 import pytest
 
-from coursegen import chapters
+from coursegen import chapters, strip_solution_markers
+from coursegen.book import EXEC_CACHE, glued_outputs
+from coursekit import conventions as C
+from coursekit.conventions import SOURCE_LANGUAGE
 
 CHAPTERS = {chapter.name: chapter for chapter in chapters()}
 
@@ -118,6 +130,76 @@ def test_every_listed_exception_is_still_in_the_prose():
     present = {(name, t) for name, chapter in CHAPTERS.items() for t in typed_measurements(chapter)}
     stale = sorted(set(TYPED) - present)
     assert not stale, f"TYPED lists numbers the prose no longer has: {stale}"
+
+
+def glued_numbers(nb) -> dict[str, float]:
+    """The numeric values a run glued, by name (numbers glued as formatted strings too)."""
+    values = {}
+    for name, output in glued_outputs(nb).items():
+        plain = next((v for k, v in output["data"].items() if k.endswith("text/plain")), "")
+        try:
+            value = ast.literal_eval(plain)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(value, str):
+            try:
+                value = float(value.replace(",", ""))
+            except ValueError:
+                continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+            values[name] = float(value)
+    return values
+
+
+NUMBER_IN_PROSE = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?=\s*(%|million\b|billion\b)|(?![\w,]\d))")
+SCALES = {"%": 0.01, "million": 1e6, "billion": 1e9}
+
+
+def typed_copies(text: str, values: dict[str, float]) -> list[str]:
+    """Numbers in TEXT that equal a value of VALUES rounded as the text writes them."""
+    found = []
+    for match in NUMBER_IN_PROSE.finditer(text):
+        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
+        digits = (whole.replace(",", "") + fraction[1:]).strip("0")
+        if unit is None and len(digits) < 2:
+            continue                                  # 100 tokens, p = 0.1: too common to judge
+        number, decimals = float(whole.replace(",", "") + fraction), max(len(fraction) - 1, 0)
+        for name, value in values.items():
+            if unit is None and not fraction and value != int(value):
+                continue                              # 64 heads, 2017 against a glued 64.2: chance
+            if round(value / SCALES.get(unit, 1), decimals) == number:
+                found.append(f"{whole}{fraction}{' ' + unit if unit and unit != '%' else unit or ''} (glued: {name})")
+    return found
+
+
+def cached_run(name):
+    """The book's cached run of the chapter as it is now (its key as ``coursegen.book.executed_chapter`` makes it)."""
+    chapter = CHAPTERS[name]
+    solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
+    key = hashlib.sha256(C.learner_notebook(name, SOURCE_LANGUAGE).read_bytes()
+                         + repr(sorted(solutions.items())).encode()).hexdigest()[:16]
+    path = EXEC_CACHE / f"{name}-{key}.ipynb"
+    return nbformat.read(path, as_version=4) if path.exists() else None
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_typed_copy_of_a_glued_value(name):
+    run = cached_run(name)
+    if run is None:
+        pytest.skip(f"no run of the current {name} in {EXEC_CACHE} (the book build and "
+                    "test_chapter_runs_with_the_reference leave one)")
+    copies = typed_copies(prose(CHAPTERS[name]), glued_numbers(run))
+    assert not copies, f"{name}: numbers typed into the prose that the run glues: {copies}; quote the glue instead"
+
+
+@pytest.mark.parametrize("text, values, caught", [
+    ("about 0.2 million parameters", {"params": 213_000}, ["0.2 million (glued: params)"]),
+    ("a perplexity of 5.9 against", {"ppl": 5.87}, ["5.9 (glued: ppl)"]),
+    ("reaches 97% in 1,128 steps", {"acc": 0.9712, "steps": 1128}, ["97% (glued: acc)", "1,128 (glued: steps)"]),
+    ("100 tokens, p = 0.1, 64 heads, in 2017", {"n": 100, "p": 0.1, "h": 64.2, "year": 2017.4}, []),
+])
+def test_typed_copies_are_found(text, values, caught):
+    assert typed_copies(text, values) == caught
 
 
 @pytest.mark.parametrize("text, caught", [
