@@ -20,7 +20,8 @@ they read the sources in ``course/``, and the glued values where a run left them
   equals a glued value of that run, as the prose would round it ("0.2 million" against
   a glued count of 2xx,xxx, "5.9" against a glued 5.87). Numbers of one significant
   digit without "million"/"billion"/"%" (100 tokens, p = 0.1) are too common to judge,
-  and a whole number without a unit is compared with glued whole numbers only.
+  and a whole number without a unit is compared with glued whole numbers only; a number
+  the text sets that a run happens to glue too is listed in ``COINCIDENCES``.
   Without a cached run this check is skipped, and says so.
 
 What it does not catch: a measured number without such a unit ("a loss of 1.77", "the
@@ -132,6 +133,14 @@ def test_every_listed_exception_is_still_in_the_prose():
     assert not stale, f"TYPED lists numbers the prose no longer has: {stale}"
 
 
+# (chapter, a number as the prose writes it) -> why it equals a glued value by chance.
+COINCIDENCES = {
+    ("06_efficient_attention", "128"): "sizes the text sets (128 MiB, a window radius, a head width); "
+                                       "the glued window_layers happens to be 128 too",
+    ("06_efficient_attention", "0.25"): "the Performer scale the text sets; the glued lsh_plain4_90 rounds to it",
+}
+
+
 def glued_numbers(nb) -> dict[str, float]:
     """The numeric values a run glued, by name (numbers glued as formatted strings too)."""
     values = {}
@@ -188,7 +197,8 @@ def test_no_typed_copy_of_a_glued_value(name):
     if run is None:
         pytest.skip(f"no run of the current {name} in {EXEC_CACHE} (the book build and "
                     "test_chapter_runs_with_the_reference leave one)")
-    copies = typed_copies(prose(CHAPTERS[name]), glued_numbers(run))
+    copies = [c for c in typed_copies(prose(CHAPTERS[name]), glued_numbers(run))
+              if (name, c.split(" (")[0]) not in COINCIDENCES]
     assert not copies, f"{name}: numbers typed into the prose that the run glues: {copies}; quote the glue instead"
 
 
