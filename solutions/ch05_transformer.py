@@ -262,7 +262,8 @@ def greedy_decode(model, src, max_len, bos_id, eos_id, src_mask=None):
     """Greedy decoding with a trained Transformer, for a whole batch.
 
     Args:
-        model: a Transformer; use only model.encode, model.decode and model.out.
+        model: a Transformer; use only model.encode (once, before the loop: the
+            memory does not change), model.decode and model.out.
         src: long (B, N_src) source ids.
         max_len: the largest number of tokens to generate after bos_id.
         bos_id, eos_id: the start and end token ids (ints).
