@@ -13,7 +13,7 @@ NOTES: dict[str, dict[str, list[tuple[str, str]]]] = {
     "zh_CN": {
         "07_gpt": [(
             "the real\n124M-parameter checkpoint (about 500 MB) and its tokenizer",
-            ":::{note} 在中国大陆下载 GPT-2\n"
+            ":::{admonition} 在中国大陆下载 GPT-2 和安装依赖\n:class: tip\n"
             "Hugging Face 的站点在一些网络中无法直接访问。`transformers` 会读取环境变量 "
             "`HF_ENDPOINT`：把它设为你能访问的 Hugging Face 镜像站的地址，再启动 Jupyter，"
             "下面的单元格就会从镜像下载检查点，例如在终端里先运行 "
