@@ -372,7 +372,7 @@ MISTAKES = {
         v_proj = (value @ F.transpose(-2, -1)).transpose(-2, -1)
         w = torch.softmax(query @ k_proj.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ v_proj, w
-    """)}), {"test_linformer_attention_values": "raised", "test_linformer_attention_sequence_axis": "along the features"}),
+    """)}), {t: "projected along the features" for t in LINFORMER_TESTS}),
     "linformer_E_F_swapped": (sub({"linformer_attention": fn("linformer_attention", """
         w = torch.softmax(query @ (F @ key).transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ (E @ value), w
