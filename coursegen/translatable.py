@@ -358,7 +358,8 @@ def chapter_labels(cells) -> frozenset[str]:
     Such a label is a key too (``kept["top-p, p = 0.9"]``), so every quoted copy of it in
     the chapter's given code is translated alike, f-string fields included. A string that
     graded code (exports, exercises, tests, hidden tests) also uses is not a label, nor is a
-    one-word dict key or record field (it may be a keyword argument's name or a setting).
+    one-word dict key or record field (it may be a keyword argument's name or a setting);
+    a loop's one-word names are labels (``("attention", True), ("no attention", False)``).
     """
     trees, graded = [], set()
     for cell in cells:
@@ -380,10 +381,12 @@ def chapter_labels(cells) -> frozenset[str]:
                                           if a.arg.endswith(("title", "label", "titles", "labels"))]
     found = []
     for source, tree in trees:
-        nodes = []
+        nodes, loop_labels = [], set()
         for node in ast.walk(tree):
             if isinstance(node, ast.For) and isinstance(node.iter, (ast.List, ast.Tuple)):
-                nodes += [e for t in node.iter.elts if isinstance(t, ast.Tuple) for e in t.elts]
+                loop = [e for t in node.iter.elts if isinstance(t, ast.Tuple) for e in t.elts]
+                nodes += loop
+                loop_labels.update(id(e) for e in loop)
             elif isinstance(node, (ast.List, ast.Tuple)):  # records that pair data with a label, not vocabularies
                 nodes += [e for t in node.elts if isinstance(t, ast.Tuple)
                           and not all(isinstance(x, ast.Constant) for x in t.elts) for e in t.elts]
@@ -396,7 +399,8 @@ def chapter_labels(cells) -> frozenset[str]:
                 continue
             quoted = _QUOTED.match(ast.get_source_segment(source, node) or "")
             if quoted and quoted["prefix"].lower() in ("", "r") and quoted["quote"] in ("'", '"') \
-                    and _LABEL_WORD.search(node.value) and not re.fullmatch(r"#?[\w.:-]+", node.value) \
+                    and _LABEL_WORD.search(node.value) \
+                    and (id(node) in loop_labels or not re.fullmatch(r"#?[\w.:-]+", node.value)) \
                     and not re.search(r"['\"{}\n]", node.value):
                 found.append(quoted["body"])
     return frozenset(found)
