@@ -44,10 +44,20 @@ class PageResources(Preprocessor):
 
     def preprocess(self, nb, resources):
         words = {key: tell(text, self.language) for key, text in PAGE_WORDS.items()}
-        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS, "words": words,
+        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS + VERDICT_CSS,
+                                        "words": words,
                                         "lang": self.language.replace("_", "-")}
         return nb, resources
 
+
+# A test cell's verdict (``verdict_output``): green when passed, red with its reasons otherwise.
+VERDICT_CSS = """
+.verdict { margin: 0.3em 0; padding: 0.4em 0.8em; border-left: 0.25em solid; border-radius: 0.2em; }
+.verdict-passed { border-color: #198754; background: #eff8f3; }
+.verdict-failed { border-color: #dc3545; background: #fdf0f1; }
+.verdict p { margin: 0; } .verdict ul { margin: 0.3em 0 0; padding-left: 1.4em; }
+.verdict code { background: rgba(0, 0, 0, 0.06); padding: 0 0.2em; border-radius: 0.2em; }
+"""
 
 PAGE_WORDS = {"score": msg("Score"), "comment": msg("Comment"), "late": msg("Late submission penalty")}
 
@@ -123,12 +133,7 @@ def render(course: Path, chapter, student: str, autograded: Path, outcomes, subm
         if outcome is None:
             cell.outputs = []  # the submission's own outputs stay in the submission
             continue
-        told = [tell(p, chapter.language) for p in outcome.problems]
-        verdict = tell(msg("passed"), chapter.language) if not told else "\n".join(f"- {p}" for p in told)
-        points = tell(msg("{score} / {points} points: {verdict}", score=f"{outcome.score:g}",
-                          points=f"{outcome.points:g}", verdict=verdict), chapter.language)
-        cell.outputs = [nbformat.v4.new_output(
-            "stream", name="stdout" if not outcome.problems else "stderr", text=points + "\n")]
+        cell.outputs = [verdict_output(outcome, chapter.language)]
     nbformat.write(nb, autograded)
     result = generate_feedback(course, chapter.name, student, chapter.language)
     page = course / "feedback" / student / chapter.name / f"{chapter.name}.html"
@@ -138,6 +143,33 @@ def render(course: Path, chapter, student: str, autograded: Path, outcomes, subm
         page.unlink()  # never hand out hidden test source; the scores stand
         return None
     return page
+
+
+def verdict_output(outcome, language) -> nbformat.NotebookNode:
+    """A test cell's verdict as the page shows it: HTML in which `code` is code and several
+    reasons are a list (plain text beside it, for any other viewer)."""
+    told = [tell(p, language) for p in outcome.problems]
+
+    def line(verdict):
+        return tell(msg("{score} / {points} points: {verdict}", score=f"{outcome.score:g}",
+                        points=f"{outcome.points:g}", verdict=verdict), language)
+    if not told:
+        plain = line(tell(msg("passed"), language))
+        page = f'<p class="verdict verdict-passed">{as_html(plain)}</p>'
+    elif len(told) == 1:
+        plain = line(told[0])
+        page = f'<p class="verdict verdict-failed">{as_html(plain)}</p>'
+    else:
+        head = line("").rstrip()
+        plain = "\n".join([head, *(f"- {p}" for p in told)])
+        items = "".join(f"<li>{as_html(p)}</li>" for p in told)
+        page = f'<div class="verdict verdict-failed"><p>{as_html(head)}</p><ul>{items}</ul></div>'
+    return nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": plain})
+
+
+def as_html(text: str) -> str:
+    """Escaped text in which Markdown's `code` spans become <code> (the messages' only markup)."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html_lib.escape(text, quote=False))
 
 
 def reveals_hidden_source(text: str, hidden_lines, submitted_text: str) -> bool:

@@ -67,6 +67,17 @@ class Probe:
     equivalent: Callable[[Any, Any], bool] | None = None
     reference: Callable | None = None  # filled by the builder
     cotangents: tuple = ()
+    # Names of the returned values, for messages ("`logits` differs"); default (output, weights) for pairs.
+    returns: tuple = ()
+    # Judge in-place changes to tensor inputs: only for an exercise whose spec text forbids them
+    # (``HiddenTests(inputs_kept=...)``); otherwise changing an input in place is a correct style.
+    keep_inputs: bool = False
+    # The call must raise an error whose message contains one of these strings (e.g. a missing key).
+    raises: tuple = ()
+    # callables (probe, model_calls) -> message or None: how the code used its model arguments,
+    # from the kernel's record (``attn_probe``: one {"method", "rows"} per call of encode, decode,
+    # forward or out); run on passing values, as ``checks`` are
+    call_checks: tuple = ()
 
 
 @dataclasses.dataclass
@@ -112,24 +123,28 @@ class Builder:
         return torch.rand(*shape, generator=self.gen) < p
 
     def function(self, name, *args, grad=False, mistakes=(), checks=(), label="", deps=(), strict=False,
-                 equivalent=None, **kwargs):
+                 equivalent=None, call_checks=(), returns=(), raises=(), **kwargs):
         """Probe ``name(*args, **kwargs)``.
 
         strict: compare float64 results to float64 precision. Only for an exercise whose
         spec text requires float64 precision (see ``tolerance``); none does today.
         equivalent: ``(student, expected) -> bool`` replacing ``values_match``, for results
         whose spec leaves some parts ungraded (e.g. tokens after a row's end).
+        returns: names of the returned values, for messages (e.g. ``("logits", "presents")``).
+        raises: the call must raise an error whose message contains one of these strings
+        (the reference must raise too); nothing else of the probe is judged.
         """
         probe = Probe(target=name, args=args, kwargs=kwargs, mistakes=tuple(mistakes),
                       checks=tuple(checks), label=label, deps=tuple(deps), strict=strict,
-                      equivalent=equivalent, reference=getattr(self.tests.reference, name))
+                      equivalent=equivalent, reference=getattr(self.tests.reference, name),
+                      call_checks=tuple(call_checks), returns=tuple(returns), raises=tuple(raises))
         if grad:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)
         return probe
 
     def module(self, name, init, *args, grad=False, mistakes=(), checks=(), label="", deps=(),
-               method="forward", dtype=None, strict=False, **kwargs):
+               method="forward", dtype=None, strict=False, returns=(), equivalent=None, **kwargs):
         """Probe ``name(**init).method(*args, **kwargs)`` with the reference's parameter values.
 
         deps: exercises this one uses (called or constructed); while it is tested the
@@ -137,12 +152,13 @@ class Builder:
         Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
         dtype: run the module in this dtype (``torch.float64``), parameters included.
         """
-        module = self._reference_module(name, init, dtype)
+        module = self._reference_module(name, init, dtype).eval()  # as the kernel runs it: dropout off
         probe = Probe(target=name, args=args, kwargs=kwargs, init=dict(init),
                       state={n: p.detach().clone() for n, p in module.named_parameters()},
                       grad_params=grad, mistakes=tuple(mistakes), checks=tuple(checks),
                       label=label, deps=tuple(deps), reference=module, method=method, strict=strict,
-                      dtype=None if dtype is None else str(dtype).replace("torch.", ""))
+                      dtype=None if dtype is None else str(dtype).replace("torch.", ""),
+                      returns=tuple(returns), equivalent=equivalent)
         if grad:
             probe.grad_args = _float_tensor_indices(args)
         self._finish(probe, grad)
@@ -171,6 +187,14 @@ class Builder:
         return module
 
     def _finish(self, probe, grad):
+        probe.keep_inputs = probe.target in self.tests.inputs_kept
+        if probe.raises:
+            try:
+                _call_reference(probe)
+            except Exception:  # noqa: BLE001 - as it should
+                pass
+            else:
+                raise ValueError(f"{self.test_id}: the reference does not raise on a probe that expects an error")
         if grad:
             outs = _as_tuple(_call_reference(probe))
             probe.cotangents = tuple(self.randn(*o.shape, dtype=o.dtype) for o in outs
@@ -223,9 +247,12 @@ def _as_judged(value):
 
 
 class HiddenTests:
-    def __init__(self, reference, from_scratch=()):
+    def __init__(self, reference, from_scratch=(), inputs_kept=()):
+        """inputs_kept: exercises whose spec text says they must not change their inputs in place;
+        only their probes judge that (any other exercise may change them: a correct style)."""
         self.reference = reference
         self.from_scratch = set(from_scratch)
+        self.inputs_kept = set(inputs_kept)
         self.builders: dict[str, Callable[[Builder], None]] = {}
         self.memory_rules: dict[str, tuple[int, str]] = {}
 
@@ -377,10 +404,15 @@ def values_match(student, expected, strict=False) -> bool:
     return close(student, expected, strict)
 
 
-def _which_output_differs(student, expected, strict=False) -> str:
+def _which_output_differs(student, expected, strict=False, returns=()) -> str:
     if isinstance(expected, ModuleState):
         key = next(k for k, v in expected.state.items() if not close(student.state[k], v, strict))
         return msg("the model's `{key}` differs", key=key)
+    if isinstance(expected, tuple) and len(returns) == len(expected):
+        parts = [name for name, s, e in zip(returns, student, expected) if not values_match(s, e, strict)]
+        if len(parts) == 1:
+            return msg("`{name}` differs", name=parts[0])
+        return msg("`{names}` and `{last}` differ", names="`, `".join(parts[:-1]), last=parts[-1])
     if isinstance(expected, tuple) and len(expected) == 2:
         parts = [name for name, s, e in zip(("output", "weights"), student, expected)
                  if not values_match(s, e, strict)]
@@ -408,10 +440,15 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
     if probe.target in builtin_names and used:
         return [msg("`{target}` calls {names}: this exercise asks you to build it from scratch, so it earns "
                     "no marks", target=target, names=", ".join(used))]
+    if probe.raises and status in ("ok", "error"):
+        return _judge_expected_error(probe, got, where)
     if status != "ok":
         error = got.get("error", "unknown error")
         if error.startswith("NotImplementedError"):
             return [msg("`{target}` is not implemented yet (it raises NotImplementedError)", target=target)]
+        named = _mistake_raising_the_same(probe, error)
+        if named:
+            return [msg("{mistake}{where} ({error})", mistake=named, where=where, error=error)]
         if "in-place operation" in error:
             return [msg("`{target}` modifies an input in place{where}; return new tensors instead ({error})",
                         target=target, where=where, error=error)]
@@ -433,7 +470,8 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         if named:
             return [msg("{mistake}{where}", mistake=named, where=where)]
         problems.append(msg("`{target}`: {what} from the reference{where}", target=target,
-                            what=_which_output_differs(student, expected, probe.strict), where=where))
+                            what=_which_output_differs(student, expected, probe.strict, probe.returns),
+                            where=where))
         for check in probe.checks:
             hint = check(probe, student)
             if hint:
@@ -443,10 +481,14 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
         hint = check(probe, student)
         if hint:
             problems.append(from_tests(hint))
+    for check in probe.call_checks:
+        hint = check(probe, got.get("model_calls"))
+        if hint:
+            problems.append(from_tests(hint))
     changed = [i for i, (sent, after) in enumerate(zip(probe.args, got.get("inputs_after", [])))
-               if isinstance(sent, torch.Tensor) and not (isinstance(after, torch.Tensor)
-                                                         and after.shape == sent.shape
-                                                         and torch.equal(after, sent.detach()))]
+               if probe.keep_inputs and isinstance(sent, torch.Tensor)
+               and not (isinstance(after, torch.Tensor) and after.shape == sent.shape
+                        and torch.equal(after, sent.detach()))]
     if changed:
         names = ", ".join(f"`{_names(probe, i)}`" for i in changed)
         problems.append(msg("`{target}` modified its input {names} in place; return new tensors instead",
@@ -455,6 +497,41 @@ def judge_probe(probe: Probe, got: dict, builtin_names: set) -> list[str]:
     if probe.cotangents:
         problems += _judge_grads(probe, got)
     return problems
+
+
+def _judge_expected_error(probe, got, where) -> list[str]:
+    """A probe that must raise: any exception type, its message naming one of ``probe.raises``."""
+    wanted = " / ".join(f"`{w}`" for w in probe.raises)
+    if got.get("status") == "ok":
+        return [msg("`{target}` returned without raising an error{where}: it must raise one whose message "
+                    "names {wanted}", target=probe.target, where=where, wanted=wanted)]
+    error = got.get("error", "")
+    if error.startswith("NotImplementedError"):
+        return [msg("`{target}` is not implemented yet (it raises NotImplementedError)", target=probe.target)]
+    # The message itself, not the line of code the kernel appends to ``error``.
+    message = got.get("error_message", error)
+    if any(w in message for w in probe.raises):
+        return []
+    return [msg("`{target}` raised {error}{where}, but its message does not name {wanted}",
+                target=probe.target, error=error, where=where, wanted=wanted)]
+
+
+def _error_kind(text: str) -> str:
+    """An error without the location the kernel appends: "Type: message"."""
+    return text.split(" (line ", 1)[0].strip()
+
+
+def _mistake_raising_the_same(probe, error) -> str | None:
+    """The message of the first mistake model that fails with the same error as the submission."""
+    for mistake in probe.mistakes:
+        try:
+            mistake.compute(*([probe.reference] if isinstance(probe.reference, torch.nn.Module) else []),
+                            *[_clone(a) for a in probe.args], **{k: _clone(v) for k, v in probe.kwargs.items()})
+        except Exception as err:  # noqa: BLE001 - the mistake fails the way the submission did?
+            first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+            if (f"{type(err).__name__}: {first}" if first else type(err).__name__) == _error_kind(error):
+                return from_tests(mistake.message)
+    return None
 
 
 def _model_arguments_after(probe, got, reference_args) -> list[str]:

@@ -48,7 +48,33 @@ def _model(desc, arrays):
     with torch.no_grad():
         for name, ref in desc["state"].items():
             model.get_parameter(name).copy_(_tensor(arrays, ref))
+    _record_calls(model)
     return model.eval()
+
+
+_MODEL_CALLS = []  # this probe's calls of its model arguments' methods, for the judge (plain data)
+RECORDED_METHODS = ("forward", "encode", "decode")
+
+
+def _record_calls(model):
+    """Note every call of the model's forward, encode, decode and out, with the batch rows it got."""
+    def rows(args, kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        return int(first.shape[0]) if first is not None and first.dim() else None
+
+    def wrap(name, method):
+        def recorded(*args, **kwargs):
+            _MODEL_CALLS.append({"method": name, "rows": rows(args, kwargs)})
+            return method(*args, **kwargs)
+        return recorded
+
+    for name in RECORDED_METHODS:
+        if callable(getattr(model, name, None)):
+            object.__setattr__(model, name, wrap(name, getattr(model, name)))  # instance attribute
+    out = getattr(model, "out", None)
+    if isinstance(out, torch.nn.Module):
+        out.register_forward_pre_hook(
+            lambda module, args: _MODEL_CALLS.append({"method": "out", "rows": rows(args, {})}))
 
 
 def _decode(value, arrays):
@@ -117,6 +143,7 @@ def _call_one(probe, arrays, ns, writer):
             deps_saved[name] = ns.get(name, _MISSING)
             ns[name] = env[name]
     recorder = _Recorder()
+    _MODEL_CALLS.clear()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, float(probe.get("time_limit", 10)))
     try:
@@ -146,6 +173,8 @@ def _call_one(probe, arrays, ns, writer):
         with recorder:
             out = target(*args, **kwargs)
         result["seconds"] = time.perf_counter() - started
+        if any(isinstance(a, dict) and "m" in a for a in (*probe["args"], *probe["kwargs"].values())):
+            result["model_calls"] = list(_MODEL_CALLS)
         result["output"] = writer.put(out)
         # The inputs as they are after the call: the grader compares them with what it sent.
         result["inputs_after"] = [writer.put(a) if isinstance(a, (torch.Tensor, torch.nn.Module)) else None
@@ -167,6 +196,8 @@ def _call_one(probe, arrays, ns, writer):
         result = {"status": "timeout"}
     except Exception as err:  # noqa: BLE001
         result = {"status": "error", "error": _error_text(err)}
+        if probe.get("expects_error"):  # the judge reads the message itself (e.g. does it name a key?)
+            result["error_message"] = str(err)[:1000]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -54,6 +54,7 @@ def encode_call(index: int, probe, deps: dict, arrays: dict, model_source=None) 
         "dtype": probe.dtype,
         "time_limit": probe.time_limit,
         "train": False if probe.init is not None else None,
+        "expects_error": bool(getattr(probe, "raises", ())),
     }
 
 
@@ -111,6 +112,10 @@ def _decode_value(desc, arrays):
 
 def _decode_result(result, arrays):
     result = dict(result)
+    if result.get("status") == "error":  # plain strings only, whatever the kernel wrote
+        result["error"] = str(result.get("error", ""))[:2000]
+        if "error_message" in result:
+            result["error_message"] = str(result["error_message"])[:1000]
     if result.get("status") == "ok":
         result["value"] = _decode_value(result.get("output"), arrays)
         grads = {k: _decode_value(v, arrays) for k, v in result.get("grads", {}).items()}

@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autograder import hidden as H  # noqa: E402
+from autograder import probe as P  # noqa: E402
 
 from coursekit.conventions import chapter_names  # noqa: E402
 
@@ -427,6 +428,10 @@ def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> 
             return {"status": "missing"}
         args = [_clone(a) for a in probe.args]
         kwargs = {k: _clone(v) for k, v in probe.kwargs.items()}
+        models = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.nn.Module)]
+        for model in models:                     # the kernel's record of the model's calls
+            P._record_calls(model)
+        P._MODEL_CALLS.clear()
         for i in probe.grad_args:
             args[i].requires_grad_(True)
         params = {}
@@ -444,6 +449,8 @@ def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> 
             target = getattr(obj, probe.method or "forward")
         with recorder:
             out = target(*args, **kwargs)
+        if models:
+            result["model_calls"] = list(P._MODEL_CALLS)
         result["value"] = _as_result(out)
         result["inputs_after"] = [a.detach().clone() if isinstance(a, torch.Tensor) else
                                   H.ModuleState.of(a) if isinstance(a, torch.nn.Module) else None for a in args]
@@ -463,7 +470,8 @@ def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> 
     except _Timeout:
         result = {"status": "timeout"}
     except Exception as err:  # noqa: BLE001
-        result = {"status": "error", "error": f"{type(err).__name__}: {str(err)[:200]}"}
+        result = {"status": "error", "error": f"{type(err).__name__}: {str(err)[:200]}",
+                  "error_message": str(err)[:1000]}
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -570,6 +578,8 @@ def _same(a, b, loose=False) -> bool:
             return H.close(a, b)
         return bool(torch.allclose(a.double(), b.double(), atol=1e-6 if a.dtype != torch.float64 else 1e-12,
                                    rtol=1e-5 if a.dtype != torch.float64 else 1e-10, equal_nan=True))
+    if isinstance(a, H.ModuleState) and isinstance(b, H.ModuleState):   # a returned model: by its state
+        return set(a.state) == set(b.state) and all(_same(a.state[k], b.state[k], loose) for k in a.state)
     if isinstance(a, str) and isinstance(b, str):
         return a.split(":")[0] == b.split(":")[0]        # both raised the same kind of error
     return False

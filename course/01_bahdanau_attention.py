@@ -646,8 +646,8 @@ def masked_softmax(scores, mask=None):
         weights, a tensor with the shape and dtype of `scores`.
 
     With mask=None this is an ordinary softmax over the last dimension. Do not
-    modify `scores` in place. You may assume every row keeps at least one
-    allowed position.
+    modify `scores` or `mask` in place. You may assume every row keeps at least
+    one allowed position.
     """
     ### BEGIN SOLUTION
     if mask is not None:
@@ -1484,7 +1484,7 @@ import solutions.ch01_bahdanau_attention as ref
 from autograder.hidden import HiddenTests, Mistake, close, rows_sum_to_one
 
 # No PyTorch built-in computes these exercises, so there is nothing to forbid.
-hidden = HiddenTests(ref, from_scratch=set())
+hidden = HiddenTests(ref, from_scratch=set(), inputs_kept={"masked_softmax"})  # its text: scores not changed
 NEG_INF = float("-inf")
 
 

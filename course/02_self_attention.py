@@ -1172,8 +1172,8 @@ print("weights permute rows and columns:", torch.allclose(w_p, w[:, perm][:, :, 
 #
 # We count work in floating-point operations (FLOPs) and count one multiply-add, the
 # unit of a matrix product, as **2 FLOPs**: a multiplication and an addition. A product
-# of an $(n \times m)$ and an $(m \times p)$ matrix is then $2nmp$ FLOPs. (Chapter 3
-# counts the same way.) For a sequence of $N$ tokens, one self-attention layer does
+# of an $(n \times m)$ and an $(m \times p)$ matrix is then $2nmp$ FLOPs. (Chapters 3, 6
+# and 7 count the same way.) For a sequence of $N$ tokens, one self-attention layer does
 #
 # | step | multiply-adds $\times 2$ = FLOPs | memory for the result |
 # |---|---|---|
@@ -1393,7 +1393,8 @@ import torch
 import solutions.ch02_self_attention as ref
 from autograder.hidden import HiddenTests, Mistake, rows_sum_to_one
 
-hidden = HiddenTests(ref, from_scratch={"scaled_dot_product_attention", "SelfAttention"})
+hidden = HiddenTests(ref, from_scratch={"scaled_dot_product_attention", "SelfAttention"},
+                     inputs_kept={"scaled_dot_product_attention"})  # its text: inputs not changed
 
 
 def _attend(q, k, v, mask=None, scale=None, dim=-1, invert=False, after=False, fill=float("-inf")):

@@ -188,7 +188,8 @@ with torch.no_grad():
         head_i = nn.Linear(d_model, d_k)                  # a separate W_i^Q ...
         head_i.weight.copy_(W_q_big.weight[i * d_k:(i + 1) * d_k])   # ... with head i's rows
         head_i.bias.copy_(W_q_big.bias[i * d_k:(i + 1) * d_k])
-        assert torch.allclose(head_i(x_demo), q_big[..., i * d_k:(i + 1) * d_k], atol=1e-5)
+        assert torch.allclose(head_i(x_demo), q_big[..., i * d_k:(i + 1) * d_k], atol=1e-5), \
+            f"head {i}'s own projection differs from columns {i * d_k}..{(i + 1) * d_k - 1} of the big one"
 print("per-head projections == slices of one big projection")
 
 # %% [markdown]
@@ -993,13 +994,13 @@ for h in (2, 4):
 #    :::
 #
 # 2. Going from 1 head to 8 heads at the same $d_\text{model}$, what changes in the
-#    number of parameters, in the multiply-adds, and in the memory of the layer?
+#    number of parameters, in the FLOPs, and in the memory of the layer?
 #
 #    :::{dropdown} Answer
-#    The parameters stay $4(d_\text{model}^2 + d_\text{model})$ and the multiply-adds
-#    stay the same: the projections are the same four matrices, and the attention core
-#    does $N_q N_k d_k$ multiply-adds per head for the scores, $h$ times, which is
-#    $N_q N_k d_\text{model}$ in both cases (and as many for the blend). What grows is
+#    The parameters stay $4(d_\text{model}^2 + d_\text{model})$ and the FLOPs stay the
+#    same: the projections are the same four matrices, and the attention core does
+#    $2 N_q N_k d_k$ FLOPs per head for the scores, $h$ times, which is
+#    $2 N_q N_k d_\text{model}$ in both cases (and as many for the blend). What grows is
 #    the memory for the weights: $h$ matrices of $N_q \times N_k$ instead of one.
 #    :::
 #

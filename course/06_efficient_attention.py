@@ -17,10 +17,11 @@
 # - build sliding-window, dilated, global (Longformer) and random-block (BigBird) masks
 #   and say how many layers it takes for information to cross the sequence;
 # - implement Linformer's projection along the sequence and measure its error against
-#   the projected length $k$, for random and for trained projections;
+#   the projected length $k$, for random, pooling and trained projections;
 # - use the associativity of matrix products to make attention linear in $N$, and
 #   write causal linear attention as a recurrence computed in chunks;
-# - build Performer's positive random features and measure how many it needs;
+# - build Performer's positive random features, measure how many it needs, and show
+#   that its error grows with the size of the queries and keys;
 # - hash vectors into buckets with Reformer's angular LSH;
 # - derive the online softmax and implement FlashAttention's exact blocked forward pass,
 #   then see why training also needs a backward pass that recomputes blocks;
@@ -163,10 +164,12 @@ def slope(ns, ys, last=3):
 # P = \mathrm{softmax}(S) \in \mathbb{R}^{N_q \times N_k}, \qquad
 # O = P V \in \mathbb{R}^{N_q \times d_v}.$$
 #
-# Computing $S$ takes $N_q N_k d_k$ multiply-adds and $P V$ another $N_q N_k d_v$:
-# with $N_q = N_k = N$ and $d_k = d_v = d$, that is $2 N^2 d$, quadratic in $N$. The
-# inputs and the output hold only $4 N d$ numbers, but the straightforward computation
-# stores $S$ and $P$, $2N^2$ numbers, and training keeps $P$ for the backward pass.
+# We count work as in Chapter 2: in FLOPs, one multiply-add being 2 FLOPs. Computing $S$
+# takes $N_q N_k d_k$ multiply-adds, $2 N_q N_k d_k$ FLOPs, and $P V$ another
+# $2 N_q N_k d_v$: with $N_q = N_k = N$ and $d_k = d_v = d$, that is $4 N^2 d$ FLOPs,
+# quadratic in $N$. The inputs and the output hold only $4 N d$ numbers, but the
+# straightforward computation stores $S$ and $P$, $2N^2$ numbers, and training keeps $P$
+# for the backward pass.
 # The picture below shows the two shapes side by side.
 
 # %% [tags=hide-input]
@@ -303,7 +306,7 @@ for (name, backward), (ns, secs, mibs) in baseline.items():
 # float32 matrices being 128 MiB. The fused built-in needs
 # {glue:text}`sdpa_mem_4096:.1f` MiB, a few vectors per query: on a CPU it runs a blocked algorithm (Section 6
 # builds one) and never stores $P$. Its *time* is still quadratic: it does the same
-# $2N^2 d$ multiply-adds. Two different problems, then: **memory**, which can be fixed
+# $4N^2 d$ FLOPs. Two different problems, then: **memory**, which can be fixed
 # without changing the result, and **time**, which can only drop if we compute
 # something other than exact attention. The next sections try both.
 #
@@ -549,8 +552,9 @@ assert not torch.allclose(lf_w, torch.softmax(lf_q @ (lf_E @ lf_k).transpose(-2,
 assert torch.allclose(lf_w, lf_ref_w, atol=1e-5), "weights differ from softmax(Q (E K)^T / sqrt(d_k))"
 assert torch.allclose(lf_out, lf_ref_w @ (lf_F @ lf_v), atol=1e-5), "output differs from weights @ (F V)"
 
-# %% [test test_linformer_attention_shapes points=1]
-"""The projection acts along the sequence (N_k), for any leading dimensions."""
+# %% [test test_linformer_attention_sequence_axis points=1]
+"""E and F project along the sequence (E @ key mixes the N_k positions, not the features), for any
+leading dimensions and any k: the outputs and weights are compared."""
 torch.manual_seed(1)
 ls_x = torch.randn(1, 2, 6, 6)                      # N_k == d_k: both sides fit, only one is right
 ls_E, ls_F = torch.randn(2, 6), torch.randn(2, 6)
@@ -628,6 +632,7 @@ for kind, errs in lin_errors.items():
 glue("lin_random_64", lin_errors["random"][ks.index(64)], display=False)
 glue("lin_trained_64", lin_errors["trained"][ks.index(64)], display=False)
 glue("lin_pool_64", lin_errors["pooling"][ks.index(64)], display=False)
+glue("lin_trained_128", lin_errors["trained"][ks.index(128)], display=False)
 
 FIG_LINFORMER = dict(title="Linformer: error against the projected length k (N = 256)",
                      xlabel="projected length k", ylabel="relative error of the output",
@@ -647,13 +652,19 @@ plt.show()
 # Random projections are useless here: at $k = 64$ the output is off by
 # {glue:text}`lin_random_64:.0%`, no better than an unrelated vector. A random $E$
 # mixes distant positions with random signs, and the softmax over mixed keys is not
-# a mixture of the softmax. Training the same projections brings the error down to
-# {glue:text}`lin_trained_64:.0%` at $k = 64$ in our short run, and a projection that
-# simply respects the order of the sequence (segment pooling) reaches
-# {glue:text}`lin_pool_64:.1%`, because these inputs vary slowly along the sequence.
-# What makes Linformer work is that $E$ and $F$ are *learned*, over a long training
-# together with the model, and that real sequences have structure a projection can
-# exploit. On inputs without such structure no $k \ll N$ can be accurate.
+# a mixture of the softmax. Training the same projections for 120 steps brings the
+# error down only to {glue:text}`lin_trained_64:.0%` at $k = 64$, and more rank hardly
+# helps ({glue:text}`lin_trained_128:.0%` at $k = 128$). A projection that is not learned
+# at all but respects the order of the sequence, segment pooling, reaches
+# {glue:text}`lin_pool_64:.1%`: these inputs vary slowly along the sequence, so the mean
+# of a segment's keys and values stands in well for each of them. So in this run it is
+# not learning that makes a low-rank projection accurate, but its fit to the structure
+# of the inputs; the learned projections are worse because 120 steps of Adam from a
+# random start do not find such a structure, although pooling is one of the matrices
+# they could reach. Linformer learns $E$ and $F$ over a whole training, together with
+# the layers that produce the keys and values, which adapt to the projection; our short
+# run on fixed inputs cannot show how good that gets. On inputs without such structure
+# no $k \ll N$ can be accurate.
 
 # %% [markdown]
 # ## 4. Kernels: linear attention and Performer
@@ -783,7 +794,8 @@ assert torch.allclose(linear_attention(lcq, lck, lcv2, causal=True)[..., :100, :
     "causal: outputs 0..99 must not depend on values at positions >= 100 (future keys included?)"
 
 # %% [test test_linear_attention_memory points=1]
-"""No N x N tensor: at N = 4096, peak memory stays far below one 4096 x 4096 matrix (64 MiB)."""
+"""No N x N tensor: at N = 4096, peak memory stays far below one 4096 x 4096 matrix (64 MiB). Graded at
+N = 8192, causal and not: the memory, and the outputs too."""
 lm_q, lm_k, lm_v = (torch.randn(1, 4096, 16) for _ in range(3))
 for lm_causal in (False, True):
     _, lm_mib = peak_memory(lambda: linear_attention(lm_q, lm_k, lm_v, causal=lm_causal))
@@ -884,10 +896,10 @@ assert abs(pf_est - torch.exp(pf_a @ pf_b)) < 0.02, \
 
 # %% [markdown]
 # How many features does it take? We compare Performer attention with exact softmax
-# attention on random queries and keys at three scales: small vectors (scores near
-# zero, weights nearly uniform), twice as large, and vectors of norm about $\sqrt d$
-# as after a trained layer's projections (peaked weights). $N = 512$, $d = 32$, 5
-# draws of $\Omega$ each.
+# attention on random queries and keys at three scales: small vectors (entries of size
+# 0.25, scores near zero), twice as large, and standard-normal entries (norm about
+# $\sqrt d$). $N = 512$, $d = 32$, 5 draws of $\Omega$ each. At all three scales the
+# attention weights are nearly uniform; we measure how flat after the figure.
 
 # %%
 def performer_attention(q, k, v, omega):
@@ -937,11 +949,72 @@ plt.show()
 # error at $m = 256$. At twice the scale it is {glue:text}`perf_mid_256:.0%` at
 # $m = 256$, and for vectors of norm about $\sqrt d$ even $m = 4096$ features (more
 # than the $N = 512$ keys, where linear attention no longer saves anything) leave an
-# error of {glue:text}`perf_peak_4096:.0%` (the median of 5 draws). The variance of each feature grows like
-# $e^{\lVert x \rVert^2}$: the sharper the attention, the worse the estimate. That is
-# the honest summary of random features: they approximate softmax attention poorly
-# unless they are many, or the model is trained (or fine-tuned) with them so that it
-# adapts to the approximation, which is how Performers are used in practice.
+# error of {glue:text}`perf_peak_4096:.0%` (the median of 5 draws).
+#
+# What makes the estimate bad is the size of the vectors, not the shape of the
+# attention. For $x = q/d^{1/4}$, $y = k/d^{1/4}$ and one feature, the product
+# $Z = e^{\omega \cdot x - \lVert x\rVert^2/2}\, e^{\omega \cdot y - \lVert y\rVert^2/2}$
+# has mean $e^{x \cdot y}$ and $\mathbb{E}[Z^2] = e^{2\lVert x+y\rVert^2 - \lVert x\rVert^2 - \lVert y\rVert^2}$,
+# so its relative variance is
+#
+# $$\frac{\operatorname{Var} Z}{(\mathbb{E} Z)^2} = e^{\lVert x + y\rVert^2} - 1,$$
+#
+# divided by $m$ for $m$ features: it grows exponentially with the squared norm of
+# $x + y$, whatever the weights look like. The table below separates the two. For each
+# scale it gives the mean $\lVert q' + k' \rVert^2$ over pairs of a query and a key
+# ($q' = q/d^{1/4}$, $k' = k/d^{1/4}$), how flat the weights are (the entropy of a row
+# divided by $\log N$, 1 for uniform weights, and the largest weight of a row divided by
+# the uniform weight $1/N$), and the error with $m = 256$. The last row has the norms of
+# the scale-1 row but queries and keys in orthogonal halves of the features, so that
+# every score is 0 and the weights are *exactly* uniform.
+
+# %%
+def performer_error_of(q, k, v, m=256, draws=5):
+    """Median relative error of Performer attention over draws of Omega, for given q, k, v."""
+    g = torch.Generator().manual_seed(0)
+    exact = attention(q, k, v)[0]
+    return float(np.median([relative_error(performer_attention(q, k, v, torch.randn(q.size(-1), m, generator=g,
+                                                                                    dtype=q.dtype)), exact)
+                            for _ in range(draws)]))
+
+
+g_norm = torch.Generator().manual_seed(0)
+n_pf, d_pf = 512, 32
+q_pf, k_pf, v_pf = (torch.randn(4, n_pf, d_pf, generator=g_norm, dtype=torch.float64) for _ in range(3))
+first_half = (torch.arange(d_pf) < d_pf // 2).double()
+norm_settings = {f"x {s}": (s * q_pf, s * k_pf) for s in (0.25, 0.5, 0.75, 1.0)}
+norm_settings["x 1, q and k orthogonal"] = (math.sqrt(2) * q_pf * first_half, math.sqrt(2) * k_pf * (1 - first_half))
+norm_rows = {}
+for name, (q_s, k_s) in norm_settings.items():
+    w = torch.softmax(q_s @ k_s.transpose(-2, -1) / math.sqrt(d_pf), dim=-1)          # (4, N, N)
+    flatness = -(w * w.log()).sum(-1).mean().item() / math.log(n_pf)
+    peak = n_pf * w.amax(-1).mean().item()
+    pair_norm = (q_s.pow(2).sum(-1).mean(-1) + k_s.pow(2).sum(-1).mean(-1)            # mean over all (i, j)
+                 + 2 * (q_s.mean(1) * k_s.mean(1)).sum(-1)).mean().item() / math.sqrt(d_pf)   # of |q_i + k_j|^2
+    norm_rows[name] = (pair_norm, flatness, peak, performer_error_of(q_s, k_s, v_pf))
+print(f"{'queries and keys':26s} {'|q+k|^2 / sqrt(d)':>17s} {'entropy / log N':>15s} "
+      f"{'max weight x N':>14s} {'error, m = 256':>14s}")
+for name, (pair_norm, flatness, peak, err) in norm_rows.items():
+    print(f"{name:26s} {pair_norm:17.2f} {flatness:15.3f} {peak:14.1f} {err:14.2f}")
+glue("pf_norm_x1", norm_rows["x 1.0"][0], display=False)
+glue("pf_flat_x1", norm_rows["x 1.0"][1], display=False)
+glue("pf_peak_x1", norm_rows["x 1.0"][2], display=False)
+glue("pf_err_x1", norm_rows["x 1.0"][3], display=False)
+glue("pf_err_x025", norm_rows["x 0.25"][3], display=False)
+glue("pf_err_orth", norm_rows["x 1, q and k orthogonal"][3], display=False)
+
+# %% [markdown]
+# At the largest scale the weights are still nearly flat: a row's entropy is
+# {glue:text}`pf_flat_x1:.2f` of the uniform one, and its largest weight only
+# {glue:text}`pf_peak_x1:.0f` times $1/N$. Yet $\lVert q' + k' \rVert^2$ is about
+# {glue:text}`pf_norm_x1:.0f` there, and the error {glue:text}`pf_err_x1:.0%`, against
+# {glue:text}`pf_err_x025:.0%` at scale 0.25. With the same norms and exactly uniform
+# weights (the orthogonal row) the error is just as bad, {glue:text}`pf_err_orth:.0%`:
+# it follows the norms, as the formula says. (Peaked weights need large scores, so
+# they come with large norms; the converse fails.) That is the honest summary of random
+# features: they approximate softmax attention poorly unless the queries and keys are
+# small or the features many, or the model is trained (or fine-tuned) with them so that
+# it adapts to the approximation, which is how Performers are used in practice.
 #
 # :::{admonition} Correction: what Performer costs
 # :class: warning
@@ -968,9 +1041,13 @@ plt.show()
 #
 # $$h(x) = \arg\max\big(\,[\,xR\,;\,-xR\,]\,\big) \in \{0, \dots, b-1\}.$$
 #
-# Both signs matter: $x R$ alone would give only $b/2$ buckets, and a vector and its
-# opposite would share a bucket. With $-xR$ included, $x$ and $-x$ always land in
-# buckets $b/2$ apart.
+# Each column $r$ of $R$ is a random direction, and $[\,xR\,;\,-xR\,]$ lists $x$'s
+# projections on the $b/2$ directions *and on their opposites*: $x$ lands in the bucket
+# of the one of these $b$ directions it is closest to in angle. So $b/2$ random
+# directions give $b$ buckets, angular cells that together cover the whole sphere, and
+# $x$ and $-x$ always land in buckets $b/2$ apart. (It is not that $xR$ alone would put
+# a vector and its opposite in one bucket: the argmax of $-xR$ is the argmin of $xR$, a
+# different bucket. We measure both after the exercise.)
 
 # %% [exercise lsh_hash]
 def lsh_hash(x, rotations):
@@ -1004,9 +1081,10 @@ assert torch.equal(lsh_hash(-lh_x, lh_R), (lh + 4) % 8), "the bucket of -x must 
 
 # %% [markdown]
 # Here are buckets drawn for real inputs: 2-dimensional vectors around the circle
-# ($b = 8$ buckets, one random $R$), and the word-like vectors of a clustered data set
-# in 64 dimensions, where we ask how often two vectors at a given angle share a
-# bucket, for $b = 2$ to $32$ (estimated over 2000 random $R$).
+# ($b = 8$ buckets, one random $R$), and random unit vectors in 64 dimensions (Gaussian
+# directions, no structure), paired with a second unit vector at a chosen angle, where
+# we ask how often the two share a bucket, for $b = 2$ to $32$ (estimated over 2000
+# pairs, each with its own random $R$).
 
 # %% [tags=hide-input]
 FIG_LSH = dict(title_circle="8 buckets of one random R (d = 2)", title_curve="P(same bucket) against the angle (d = 64)",
@@ -1070,10 +1148,58 @@ glue("lsh_90_8", same_bucket[8][9], display=False)
 # on the data, the number of buckets and the number of hashing rounds.
 
 # %% [markdown]
+# **Why both signs?** Three hashes of the same 2000 random unit vectors in 64
+# dimensions, each vector with its own random directions: $\arg\max [\,xR\,;\,-xR\,]$
+# with $b/2 = 4$ directions (Reformer's), $\arg\max xR$ with the same 4 directions, and
+# $\arg\max xR$ with 8 directions. For each we count the buckets used, how often $x$ and
+# $-x$ share a bucket, and how often two vectors $30°$ and $90°$ apart do.
+
+# %%
+def plain_hash(x, rotations):
+    """argmax(x R) without the opposite directions: as many buckets as columns of R."""
+    return (x @ rotations).argmax(dim=-1)
+
+
+g_signs = torch.Generator().manual_seed(1)
+unit = torch.randn(trials, 1, d_lsh, generator=g_signs)
+unit = unit / unit.norm(dim=-1, keepdim=True)                        # (trials, 1, d): one vector per R
+side = torch.randn(trials, 1, d_lsh, generator=g_signs)
+side = side - (side * unit).sum(-1, keepdim=True) * unit
+side = side / side.norm(dim=-1, keepdim=True)                        # orthogonal to unit
+R4, R8 = torch.randn(trials, d_lsh, 4, generator=g_signs), torch.randn(trials, d_lsh, 8, generator=g_signs)
+hashes = {"argmax [xR; -xR], 4 directions": lambda x: lsh_hash(x, R4),
+          "argmax xR, 4 directions": lambda x: plain_hash(x, R4),
+          "argmax xR, 8 directions": lambda x: plain_hash(x, R8)}
+sign_rows = {}
+for name, hash_fn in hashes.items():
+    h0 = hash_fn(unit)
+    at = {deg: (h0 == hash_fn(math.cos(math.radians(deg)) * unit + math.sin(math.radians(deg)) * side)).float().mean().item()
+          for deg in (30, 90)}
+    sign_rows[name] = (h0.unique().numel(), (h0 == hash_fn(-unit)).float().mean().item(), at[30], at[90])
+print(f"{'hash':32s} {'buckets':>7s} {'P(x, -x)':>9s} {'P(30 deg)':>9s} {'P(90 deg)':>9s}")
+for name, (used, opposite, p30, p90) in sign_rows.items():
+    print(f"{name:32s} {used:7d} {opposite:9.3f} {p30:9.3f} {p90:9.3f}")
+glue("lsh_plain_opposite", sign_rows["argmax xR, 4 directions"][1], display=False)
+glue("lsh_pm_90", sign_rows["argmax [xR; -xR], 4 directions"][3], display=False)
+glue("lsh_plain4_90", sign_rows["argmax xR, 4 directions"][3], display=False)
+glue("lsh_plain8_90", sign_rows["argmax xR, 8 directions"][3], display=False)
+
+# %% [markdown]
+# Without $-xR$, $x$ and $-x$ still never share a bucket (a fraction of
+# {glue:text}`lsh_plain_opposite:.3f`): what the opposite directions add is *buckets*.
+# With the same 4 directions, $\arg\max xR$ has 4 buckets, each twice as wide, and two
+# orthogonal vectors share one with probability {glue:text}`lsh_plain4_90:.2f` against
+# {glue:text}`lsh_pm_90:.2f`. To get 8 buckets from $xR$ alone takes 8 directions, twice
+# the projections, for nearly the same collision rates ({glue:text}`lsh_plain8_90:.2f`
+# at $90°$). With orthonormal directions, the $b$ vectors $\pm r$ are the vertices of a
+# cross-polytope: Andoni et al. (2015) call the hash *cross-polytope LSH* and take the
+# directions from a random rotation; Reformer takes a Gaussian $R$.
+
+# %% [markdown]
 # ## 6. FlashAttention: exact attention, block by block
 #
 # Everything so far changes the result. **FlashAttention** (Dao, Fu, Ermon, Rudra and
-# Ré, 2022) computes *exact* attention, with the same $2N^2 d$ multiply-adds, but never
+# Ré, 2022) computes *exact* attention, with the same $4N^2 d$ FLOPs, but never
 # stores the $N \times N$ matrix: it walks over blocks of keys and keeps, for each query,
 # only a running maximum, a running sum and a running output. On a GPU this saves the
 # slow trips to main memory; on any hardware it turns $O(N^2)$ memory into $O(N)$. The
@@ -1273,7 +1399,8 @@ fs_64 = flash_attention(fs_q.double(), fs_k.double(), fs_v.double(), block_size=
 assert fs_64.dtype == torch.float64, f"float64 inputs must give a float64 output, got {fs_64.dtype}"
 
 # %% [test test_flash_attention_memory points=1]
-"""Never N_q x N_k: at N = 4096 with block_size=256, memory stays far below one 4096 x 4096 matrix (64 MiB)."""
+"""Never N_q x N_k: at N = 4096 with block_size=256, memory stays far below one 4096 x 4096 matrix (64 MiB).
+Graded at N = 8192, causal and not: the memory, and the outputs too."""
 fm_q, fm_k, fm_v = (torch.randn(1, 4096, 32) for _ in range(3))
 for fm_causal in (False, True):
     _, fm_mib = peak_memory(lambda: flash_attention(fm_q, fm_k, fm_v, block_size=256, causal=fm_causal))
@@ -1301,8 +1428,12 @@ for fm_causal in (False, True):
 # The given code below wraps your forward pass in a `torch.autograd.Function` with that
 # backward pass. It computes $L$ in a second blocked pass over the keys (a fused
 # implementation gets it for free from the forward's $m$ and $\ell$); the backward
-# pass recomputes each block once. The original algorithm is that of Dao et al. (2022);
-# the loop order (key blocks outside) follows FlashAttention-2 (Dao, 2023).
+# pass recomputes each block once. The algorithm, with this loop order (blocks of keys
+# outside, blocks of queries inside), is the backward pass of Dao et al. (2022).
+# FlashAttention-2 (Dao, 2023) kept that order for the backward pass and swapped it in
+# the forward pass, blocks of queries outside, as in your exercise: each query block's
+# $m$, $\ell$ and output then stay in fast memory while the keys stream past, and query
+# blocks can run in parallel.
 
 # %% [export]
 def blocked_logsumexp(query, key, block_size=64, causal=False):
@@ -1353,7 +1484,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         lse = lse.reshape(-1, n_q, 1)
         delta = (d_o * out.reshape(-1, n_q, d_v)).sum(dim=-1, keepdim=True)      # D_i, (B, N_q, 1)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for j0 in range(0, n_k, bs):                                 # key blocks outside (FlashAttention-2)
+        for j0 in range(0, n_k, bs):                                 # key blocks outside (as in FlashAttention-1)
             k_j, v_j = k[:, j0:j0 + bs], v[:, j0:j0 + bs]
             dk_j, dv_j = dk[:, j0:j0 + bs], dv[:, j0:j0 + bs]          # views: updated in place
             for i0 in range((j0 // bs) * bs if causal else 0, n_q, bs):
@@ -1429,14 +1560,19 @@ plt.show()
 # both the scores and the weights). Tiling alone saved a constant factor, not the
 # square. With the recomputing backward pass the whole
 # training step needs {glue:text}`train_flash_mib:.0f` MiB: the inputs, the output,
-# the gradients and a few blocks. The price is time: the backward pass recomputes
-# every block of scores, about a third more arithmetic, which is cheap next to moving
-# $N^2$ numbers to and from memory.
+# the gradients and a few blocks. The price is time. Counted in products of
+# $N \times N$ by $d$ ($2N^2 d$ FLOPs each), plain attention does 6 for a forward and
+# backward pass: $QK^\top$ and $PV$ forward; $dV$, $dP$, $dQ$ and $dK$ backward.
+# Recomputing every block of scores in the backward pass adds one $QK^\top$: 7 instead of
+# 6, a sixth more arithmetic, which is cheap next to moving $N^2$ numbers to
+# and from memory. The given code above does 8, a third more, because it computes the
+# log-sum-exp in a separate pass over the keys, another $QK^\top$, where a fused
+# implementation keeps it from the forward pass's $m$ and $\ell$.
 #
 # :::{admonition} Correction: FlashAttention changes memory, not the arithmetic
 # :class: note
 # Summaries often say FlashAttention "does not change the complexity, only the
-# speed". Half right: the number of multiply-adds is still $O(N^2 d)$, but the
+# speed". Half right: the number of FLOPs is still $O(N^2 d)$, but the
 # memory drops from $O(N^2)$ to $O(N)$, as measured here, and that is what lets
 # long sequences be trained at all.
 # :::
@@ -1475,7 +1611,8 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, num_kv_heads):
         super().__init__()
-        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0
+        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0, \
+            "d_model must be divisible by num_heads, and num_heads by num_kv_heads"
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
@@ -1568,7 +1705,7 @@ _, gk_wp = gk(gk_x, mask=gk_pad)
 assert (gk_wp[1, ..., 3:] == 0).all(), "padding mask: the padded keys of sequence 1 must get weight 0"
 
 # %% [test test_GroupedQueryAttention_gradients points=1]
-"""Gradients reach every projection and the input."""
+"""Gradients reach every projection and the input (the output is compared too)."""
 torch.manual_seed(3)
 gg = GroupedQueryAttention(d_model=8, num_heads=2, num_kv_heads=1)
 gg_x = torch.randn(2, 4, 8, requires_grad=True)
@@ -1737,7 +1874,7 @@ glue("naive_mem_8k", everything["naive", False][2][-1], display=False)
 #
 # 4. Llama 2 70B has 64 query heads and 8 key/value heads. By what factor is its
 #    key/value cache smaller than with multi-head attention, and what does the attention
-#    cost in multiply-adds change?
+#    cost in FLOPs change?
 #
 #    :::{dropdown} Answer
 #    By $64 / 8 = 8$. The number of score computations does not change: each of the 64
@@ -1777,11 +1914,13 @@ glue("naive_mem_8k", everything["naive", False][2][-1], display=False)
 #   $O(N r)$; information then needs several layers to cross the sequence, and global
 #   or random connections shorten the path.
 # - **Linformer** projects keys and values along the sequence to length $k$; random
-#   projections are inaccurate, trained ones far better.
+#   projections are inaccurate, and in our run a fixed projection that fits the inputs'
+#   structure (segment pooling) beat briefly trained ones by far.
 # - **Linear attention** with $\phi = \mathrm{elu} + 1$ uses associativity,
 #   $\phi(Q)(\phi(K)^\top V)$; causal, it is an RNN with a matrix state, fast when
 #   computed in chunks. **Performer**'s positive random features estimate the softmax
-#   kernel without bias, but need many features, the more the sharper the attention.
+#   kernel without bias, but need many features, the more the larger the queries and
+#   keys: the error grows with $e^{\lVert q' + k' \rVert^2}$, even when the weights are flat.
 # - **Reformer**'s angular LSH puts similar vectors in the same bucket with a
 #   probability that falls with their angle and the number of buckets.
 # - **FlashAttention** is exact: an online softmax (running maximum, rescaled running
@@ -1955,7 +2094,7 @@ def _(t):
                t.randn(6, 6) / 2, mistakes=LINFORMER_MISTAKES, label="k = N_k")
 
 
-@hidden.test("test_linformer_attention_shapes")
+@hidden.test("test_linformer_attention_sequence_axis")
 def _(t):
     x = t.randn(1, 2, 6, 6)
     t.function("linformer_attention", x, x.clone(), x.clone(), t.randn(2, 6), t.randn(2, 6),

@@ -14,7 +14,8 @@ from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE
 from coursekit.nbgrader_course import generate_assignment
 
 from .catalogs import po_path, translations
-from .translatable import translate_code, translate_markdown
+from .edition_notes import note_for
+from .translatable import chapter_labels, translate_code, translate_markdown
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
@@ -139,20 +140,27 @@ def translated_chapter(chapter: Chapter, language: str) -> Chapter:
     """CHAPTER with everything a reader reads looked up in its catalog (code untouched).
 
     An entry not yet translated keeps its English; ``make test`` lists such entries.
+    A note of ``edition_notes`` follows the markdown cell it is anchored to.
     The given cell that imports pyplot also picks a font for the edition's script.
     """
     found = translations(f"chapters/{chapter.name}", language).get
+    labels = chapter_labels(chapter.cells)
 
-    def cell_in(cell):
+    notes = note_for(chapter, language)
+
+    def cell_in(index, cell):
         if cell.kind == "hidden":
             return cell
         if cell.kind == "markdown":
-            return dataclasses.replace(cell, source=translate_markdown(cell.source, found))
-        source = translate_code(cell.source, cell.kind, found)
+            source = translate_markdown(cell.source, found)
+            if index in notes:  # a note only this edition's readers need
+                source += "\n\n" + notes[index]
+            return dataclasses.replace(cell, source=source)
+        source = translate_code(cell.source, cell.kind, found, labels)
         if cell.kind == "code" and PYPLOT_IMPORT.search(source):
             source = source.rstrip("\n") + C.figure_font_setup(language)
         return dataclasses.replace(cell, source=source)
-    return dataclasses.replace(chapter, cells=[cell_in(c) for c in chapter.cells])
+    return dataclasses.replace(chapter, cells=[cell_in(i, c) for i, c in enumerate(chapter.cells)])
 
 
 def write(files: dict[Path, str]) -> None:

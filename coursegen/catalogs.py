@@ -27,6 +27,9 @@ from babel.messages.pofile import read_po, write_po
 
 from coursekit.conventions import ROOT
 
+from . import headings
+from .translatable import FIELD_LITERAL
+
 LOCALES = ROOT / "locales"
 LANGUAGES = ("zh_CN",)
 PROJECT = "Attention from Scratch"
@@ -54,12 +57,13 @@ def extracted(domain: str) -> list[Unit]:
     """The English units of a domain, in reading order, each once."""
     if domain.startswith("chapters/"):
         from . import parse_chapter
-        from .translatable import units
+        from .translatable import chapter_labels, units
         from coursekit.conventions import COURSE_DIR
         name = domain.split("/", 1)[1]
         chapter = parse_chapter(COURSE_DIR / f"{name}.py")
-        found = [Unit(text, f"course/{name}.py:{cell.line}", kind)
-                 for cell in chapter.cells if cell.kind != "hidden" for text, kind in units(cell.kind, cell.source)]
+        labels = chapter_labels(chapter.cells)
+        found = [Unit(text, f"course/{name}.py:{cell.line}", kind) for cell in chapter.cells
+                 if cell.kind != "hidden" for text, kind in units(cell.kind, cell.source, labels)]
     elif domain == FRONT_MATTER:
         from .front_matter import front_matter_units
         found = [Unit(text, where, "markdown") for text, where in front_matter_units()]
@@ -102,6 +106,9 @@ def write(catalog: Catalog, domain: str, language: str) -> None:
 def update(domain: str, language: str) -> Catalog:
     catalog = read(domain, language)
     catalog.update(template(domain), no_fuzzy_matching=False)
+    for message in catalog:  # the standard headings come from one table
+        if message.id and message.string:
+            message.string = headings.standard(message.id, message.string, language)
     catalog.fuzzy = False
     catalog.revision_date = catalog.creation_date = catalog.creation_date.replace(year=2026, month=1, day=1,
                                                                                   hour=0, minute=0, second=0)
@@ -129,7 +136,9 @@ def markup(text: str, kind: str) -> collections.Counter:
     """What a translation must keep as written: math, code, roles, link targets and directive
     lines in markdown; ``{fields}``, escapes and code in strings; code in comments."""
     if kind in ("string", "message"):
-        return collections.Counter(_FIELD.findall(text) + re.findall(r"\\.", text) + _CODE.findall(text))
+        # a field's shown literals are text, and a field that only shows one may pad it to another width
+        fields = [re.sub(r"^\{''(?::[<>^]?\d*s?)?\}$", "{''}", FIELD_LITERAL.sub("''", f)) for f in _FIELD.findall(text)]
+        return collections.Counter(fields + re.findall(r"\\.", text) + _CODE.findall(text))
     if kind in ("comment", "docstring"):
         return collections.Counter(_CODE.findall(text))
     found = collections.Counter(m.group(0).strip() for m in _LINES.finditer(text))
@@ -154,6 +163,9 @@ def problems(domain: str, language: str) -> list[str]:
             found.append(f"{rel}: untranslated ({unit.where}): {short!r}")
         elif message.fuzzy:
             found.append(f"{rel}: fuzzy, the English changed ({unit.where}): {short!r}")
+        elif unit.kind == "markdown" and headings.problems(unit.text, message.string, language):
+            found.append(f"{rel}: heading ({unit.where}): {headings.problems(unit.text, message.string, language)}"
+                         " (run `python -m coursegen.catalogs update`)")
         else:
             want, got = markup(unit.text, unit.kind), markup(message.string, unit.kind)
             if want != got:

@@ -26,6 +26,11 @@ LOCALES_DIR = ROOT / "locales"
 FIGURE_FONTS = {"zh_CN": ("Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", "Microsoft YaHei",
                           "SimHei", "WenQuanYi Zen Hei")}
 
+# The setup's comment, in the edition's language (learners read it in their notebook).
+FIGURE_FONT_NOTE = {"zh_CN": ("# 图中的文字使用本版的语言：本机装有的字体中，下面列出的第一个排在\n"
+                              "# 最前面，因为公式 $math$ 周围的文字只用第一个字体（一个都没有时，\n"
+                              "# matplotlib 会画出方框并发出警告）。\n")}
+
 CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -65,9 +70,7 @@ def figure_font_setup(language: str) -> str:
         return ""
     fonts = "".join(f'    "{name}",\n' for name in FIGURE_FONTS[language])
     return (
-        "\n\n# Figure text in this edition's language: the first of these fonts this\n"
-        "# machine has comes first, because text around $math$ uses only the first\n"
-        "# font (with none of them, matplotlib draws boxes and warns).\n"
+        "\n\n" + FIGURE_FONT_NOTE[language] +
         "from matplotlib import font_manager\n"
         f"_figure_fonts = [\n{fonts}]\n"
         "_installed = {font.name for font in font_manager.fontManager.ttflist}\n"

@@ -26,8 +26,8 @@ def masked_softmax(scores, mask=None):
         weights, a tensor with the shape and dtype of `scores`.
 
     With mask=None this is an ordinary softmax over the last dimension. Do not
-    modify `scores` in place. You may assume every row keeps at least one
-    allowed position.
+    modify `scores` or `mask` in place. You may assume every row keeps at least
+    one allowed position.
     """
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # (..., T)

@@ -66,6 +66,38 @@ def sinusoidal_encoding(max_len, d_model):
     return pe
 
 
+class StandInEncoderLayer(nn.Module):
+    """EncoderLayer's interface, a simpler computation: x -> tanh(x + self_attn(x, x, x, mask))."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+
+    def forward(self, x, mask=None):
+        return torch.tanh(x + self.self_attn(x, x, x, mask)[0])
+
+
+class StandInDecoderLayer(nn.Module):
+    """DecoderLayer's interface: masked self-attention, then cross-attention to memory, no norms."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads)
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        x = x + self.self_attn(x, x, x, tgt_mask)[0]
+        return torch.tanh(x + self.cross_attn(x, memory, memory, memory_mask)[0])
+
+
+def with_stand_in_layers(model):
+    """The Transformer `model` with each of its layers replaced by a stand-in of the same width."""
+    d_model, num_heads = model.d_model, model.encoder_layers[0].self_attn.num_heads
+    model.encoder_layers = nn.ModuleList(StandInEncoderLayer(d_model, num_heads) for _ in model.encoder_layers)
+    model.decoder_layers = nn.ModuleList(StandInDecoderLayer(d_model, num_heads) for _ in model.decoder_layers)
+    return model
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: linear2(dropout(relu(linear1(x))))."""
 
@@ -230,7 +262,8 @@ def greedy_decode(model, src, max_len, bos_id, eos_id, src_mask=None):
     """Greedy decoding with a trained Transformer, for a whole batch.
 
     Args:
-        model: a Transformer; use only model.encode, model.decode and model.out.
+        model: a Transformer; use only model.encode (once, before the loop: the
+            memory does not change), model.decode and model.out.
         src: long (B, N_src) source ids.
         max_len: the largest number of tokens to generate after bos_id.
         bos_id, eos_id: the start and end token ids (ints).
@@ -259,4 +292,4 @@ def greedy_decode(model, src, max_len, bos_id, eos_id, src_mask=None):
     return ys
 
 
-EXPORTS_SOURCE = 'import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\ndef scaled_dot_product_attention(query, key, value, mask=None):\n    """Given (Chapter 2): softmax(query @ key^T / sqrt(d_k)) @ value.\n\n    query (..., N_q, d_k), key (..., N_k, d_k), value (..., N_k, d_v); mask: bool,\n    broadcastable to (..., N_q, N_k), True = may attend.\n    Returns (output (..., N_q, d_v), weights (..., N_q, N_k)).\n    """\n    d_k = query.size(-1)\n    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., N_q, N_k)\n    if mask is not None:\n        scores = scores.masked_fill(~mask, float("-inf"))\n    weights = torch.softmax(scores, dim=-1)                   # (..., N_q, N_k)\n    return weights @ value, weights                           # (..., N_q, d_v)\n\n\nclass MultiHeadAttention(nn.Module):\n    """Given (Chapter 3): multi-head attention; head i uses features i*d_k:(i+1)*d_k."""\n\n    def __init__(self, d_model, num_heads):\n        super().__init__()\n        assert d_model % num_heads == 0, "d_model must be divisible by num_heads"\n        self.num_heads = num_heads\n        self.d_k = d_model // num_heads\n        self.W_q = nn.Linear(d_model, d_model)\n        self.W_k = nn.Linear(d_model, d_model)\n        self.W_v = nn.Linear(d_model, d_model)\n        self.W_o = nn.Linear(d_model, d_model)\n        self.last_weights = None   # (B, h, N_q, N_k) of the last call, for plots\n\n    def forward(self, query, key, value, mask=None):\n        """query (B, N_q, d_model), key and value (B, N_k, d_model); mask broadcastable\n        to (B, h, N_q, N_k), True = may attend. Returns (output (B, N_q, d_model),\n        weights (B, h, N_q, N_k))."""\n        B, N_q, d_model = query.shape\n        h, d_k = self.num_heads, self.d_k\n        q = self.W_q(query).view(B, N_q, h, d_k).transpose(1, 2)   # (B, h, N_q, d_k)\n        k = self.W_k(key).view(B, -1, h, d_k).transpose(1, 2)      # (B, h, N_k, d_k)\n        v = self.W_v(value).view(B, -1, h, d_k).transpose(1, 2)    # (B, h, N_k, d_k)\n        out, weights = scaled_dot_product_attention(q, k, v, mask)\n        self.last_weights = weights.detach()\n        return self.W_o(out.transpose(1, 2).reshape(B, N_q, d_model)), weights\n\n\ndef sinusoidal_encoding(max_len, d_model):\n    """Given (Chapter 4): the (max_len, d_model) sinusoidal table, sin and cos interleaved."""\n    pos = torch.arange(max_len, dtype=torch.float32)[:, None]          # (max_len, 1)\n    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)           # (d_model / 2,)\n    angle = pos / 10000 ** (two_i / d_model)                           # (max_len, d_model / 2)\n    pe = torch.zeros(max_len, d_model)\n    pe[:, 0::2] = torch.sin(angle)\n    pe[:, 1::2] = torch.cos(angle)\n    return pe'
+EXPORTS_SOURCE = 'import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\ndef scaled_dot_product_attention(query, key, value, mask=None):\n    """Given (Chapter 2): softmax(query @ key^T / sqrt(d_k)) @ value.\n\n    query (..., N_q, d_k), key (..., N_k, d_k), value (..., N_k, d_v); mask: bool,\n    broadcastable to (..., N_q, N_k), True = may attend.\n    Returns (output (..., N_q, d_v), weights (..., N_q, N_k)).\n    """\n    d_k = query.size(-1)\n    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., N_q, N_k)\n    if mask is not None:\n        scores = scores.masked_fill(~mask, float("-inf"))\n    weights = torch.softmax(scores, dim=-1)                   # (..., N_q, N_k)\n    return weights @ value, weights                           # (..., N_q, d_v)\n\n\nclass MultiHeadAttention(nn.Module):\n    """Given (Chapter 3): multi-head attention; head i uses features i*d_k:(i+1)*d_k."""\n\n    def __init__(self, d_model, num_heads):\n        super().__init__()\n        assert d_model % num_heads == 0, "d_model must be divisible by num_heads"\n        self.num_heads = num_heads\n        self.d_k = d_model // num_heads\n        self.W_q = nn.Linear(d_model, d_model)\n        self.W_k = nn.Linear(d_model, d_model)\n        self.W_v = nn.Linear(d_model, d_model)\n        self.W_o = nn.Linear(d_model, d_model)\n        self.last_weights = None   # (B, h, N_q, N_k) of the last call, for plots\n\n    def forward(self, query, key, value, mask=None):\n        """query (B, N_q, d_model), key and value (B, N_k, d_model); mask broadcastable\n        to (B, h, N_q, N_k), True = may attend. Returns (output (B, N_q, d_model),\n        weights (B, h, N_q, N_k))."""\n        B, N_q, d_model = query.shape\n        h, d_k = self.num_heads, self.d_k\n        q = self.W_q(query).view(B, N_q, h, d_k).transpose(1, 2)   # (B, h, N_q, d_k)\n        k = self.W_k(key).view(B, -1, h, d_k).transpose(1, 2)      # (B, h, N_k, d_k)\n        v = self.W_v(value).view(B, -1, h, d_k).transpose(1, 2)    # (B, h, N_k, d_k)\n        out, weights = scaled_dot_product_attention(q, k, v, mask)\n        self.last_weights = weights.detach()\n        return self.W_o(out.transpose(1, 2).reshape(B, N_q, d_model)), weights\n\n\ndef sinusoidal_encoding(max_len, d_model):\n    """Given (Chapter 4): the (max_len, d_model) sinusoidal table, sin and cos interleaved."""\n    pos = torch.arange(max_len, dtype=torch.float32)[:, None]          # (max_len, 1)\n    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)           # (d_model / 2,)\n    angle = pos / 10000 ** (two_i / d_model)                           # (max_len, d_model / 2)\n    pe = torch.zeros(max_len, d_model)\n    pe[:, 0::2] = torch.sin(angle)\n    pe[:, 1::2] = torch.cos(angle)\n    return pe\nclass StandInEncoderLayer(nn.Module):\n    """EncoderLayer\'s interface, a simpler computation: x -> tanh(x + self_attn(x, x, x, mask))."""\n\n    def __init__(self, d_model, num_heads):\n        super().__init__()\n        self.self_attn = MultiHeadAttention(d_model, num_heads)\n\n    def forward(self, x, mask=None):\n        return torch.tanh(x + self.self_attn(x, x, x, mask)[0])\n\n\nclass StandInDecoderLayer(nn.Module):\n    """DecoderLayer\'s interface: masked self-attention, then cross-attention to memory, no norms."""\n\n    def __init__(self, d_model, num_heads):\n        super().__init__()\n        self.self_attn = MultiHeadAttention(d_model, num_heads)\n        self.cross_attn = MultiHeadAttention(d_model, num_heads)\n\n    def forward(self, x, memory, tgt_mask=None, memory_mask=None):\n        x = x + self.self_attn(x, x, x, tgt_mask)[0]\n        return torch.tanh(x + self.cross_attn(x, memory, memory, memory_mask)[0])\n\n\ndef with_stand_in_layers(model):\n    """The Transformer `model` with each of its layers replaced by a stand-in of the same width."""\n    d_model, num_heads = model.d_model, model.encoder_layers[0].self_attn.num_heads\n    model.encoder_layers = nn.ModuleList(StandInEncoderLayer(d_model, num_heads) for _ in model.encoder_layers)\n    model.decoder_layers = nn.ModuleList(StandInDecoderLayer(d_model, num_heads) for _ in model.decoder_layers)\n    return model'

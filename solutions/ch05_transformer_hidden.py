@@ -36,8 +36,37 @@ FFN_MISTAKES = [
 ]
 
 
+def _dropout_in_eval(probe, value):
+    """Hint when the output is the network with dropout ACTIVE: in eval() mode it must do nothing.
+
+    Dropout keeps each value or zeroes it and scales the rest by 1/(1-p). After the ReLU
+    (with d_ff <= d_model, so the hidden units can be read back through linear2) or on
+    the output, every value is then either 0 or the eval-mode value / (1-p).
+    """
+    m, x = probe.reference, probe.args[0]
+    keep = 1 - m.dropout.p
+    if not isinstance(value, torch.Tensor) or value.shape != x.shape or keep == 1:
+        return None
+    with torch.no_grad():
+        w2, b2 = m.linear2.weight.double(), m.linear2.bias.double()
+        hidden_units = torch.relu(m.linear1(x)).double()
+        expected, y = hidden_units @ w2.T + b2, value.double()
+        if torch.allclose(y, expected, atol=1e-4):
+            return None
+        read_back = torch.linalg.lstsq(w2, (y - b2).reshape(-1, w2.shape[0]).T).solution.T.reshape(hidden_units.shape)
+
+        def kept_or_zeroed(got, full):
+            return bool(((got.abs() < 1e-4) | torch.isclose(got, full / keep, atol=1e-4, rtol=1e-3)).all())
+        if kept_or_zeroed(read_back, hidden_units) or kept_or_zeroed(y, expected):
+            return ("dropout active in eval() mode: F.dropout(h, p) defaults to training=True; use self.dropout "
+                    "(an nn.Dropout, which eval() turns off) or pass training=self.training")
+    return None
+
+
 @hidden.test("test_FeedForward")
 def _(t):
+    t.module("FeedForward", dict(d_model=16, d_ff=8, dropout=0.5), t.randn(3, 6, 16), mistakes=FFN_MISTAKES,
+             checks=[_dropout_in_eval], label="dropout=0.5 in eval() mode, where dropout does nothing")
     t.module("FeedForward", dict(d_model=8, d_ff=32), t.randn(2, 5, 8), mistakes=FFN_MISTAKES,
              label="(B, N, d_model) = (2, 5, 8), d_ff = 32")
     t.module("FeedForward", dict(d_model=6, d_ff=10), t.randn(7, 6), mistakes=FFN_MISTAKES,
@@ -172,6 +201,8 @@ def _dec(m, x, memory, tgt_mask=None, memory_mask=None, *, norm_first=None, how=
     for norm, sub in subs:
         if how == "norm_inside":
             x = x + norm(sub(x))
+        elif how == "no_residual":
+            x = sub(norm(x)) if pre else norm(sub(x))
         elif pre:
             h = norm(x)
             x = (h if how == "pre_residual_normed" else x) + sub(h)
@@ -210,6 +241,7 @@ DEC_MISTAKES = [
             _dm("masks_swapped")),
     Mistake("norm2 and norm3 swapped: norm2 belongs to the cross-attention, norm3 to the feed-forward",
             _dm("norms_swapped")),
+    Mistake("residual connection missing: add each sub-layer's input to its output", _dm("no_residual")),
 ]
 DEC = dict(mistakes=DEC_MISTAKES, deps=("FeedForward",))
 
@@ -296,26 +328,43 @@ def _forward(m, src, tgt, src_mask=None, tgt_mask=None, how="ok"):
         torch.softmax(logits, -1) if how == "softmax" else logits)
 
 
-SCALE = "embeddings not scaled by sqrt(d_model): x = embed(tokens) * sqrt(d_model) + pe[:N]"
-COMMON = [("no_scale", SCALE),
-          ("inverse_scale", "embeddings divided by sqrt(d_model): multiply by sqrt(d_model)"),
-          ("no_pe", "positional encoding missing: add self.pe[:N] to the scaled embeddings"),
-          ("final_norm", "extra final norm: the course's Transformer has no LayerNorm after either stack")]
-ENCODE_MISTAKES = [Mistake(msg, lambda m, *a, _h=how, **k: _encode(m, *a, how=_h, **k)) for how, msg in COMMON + [
-    ("src_mask_dropped", "src_mask not passed down: give it to every encoder layer")]]
-DECODE_MISTAKES = [Mistake(msg, lambda m, *a, _h=how, **k: _decode(m, *a, how=_h, **k)) for how, msg in COMMON + [
-    ("src_embed", "decode must embed the target with tgt_embed, not src_embed"),
-    ("masks_swapped", "masks swapped: a decoder layer is called as layer(x, memory, tgt_mask, src_mask)"),
-    ("tgt_mask_dropped", "tgt_mask not passed down: give it to every decoder layer"),
-    ("memory_mask_dropped", "src_mask not passed down to the decoder layers: it is their memory_mask")]]
-FORWARD_MISTAKES = [Mistake(msg, lambda m, *a, _h=how, **k: _forward(m, *a, how=_h, **k)) for how, msg in COMMON + [
-    ("src_embed", "decode must embed the target with tgt_embed, not src_embed"),
-    ("tgt_mask_dropped", "tgt_mask not passed down: give it to every decoder layer"),
-    ("src_mask_dropped", "src_mask not passed down to the encoder layers"),
-    ("memory_mask_dropped", "src_mask not passed to decode: the decoder layers need it as their memory_mask"),
-    ("no_out", "forward returns the decoder's hidden states: apply self.out to get the logits"),
-    ("softmax", "forward returns probabilities: return the logits, without a softmax"),
-    ("log_softmax", "forward returns log-probabilities: return the logits, without a log_softmax")]]
+def _variant(fn, how, message):
+    """A mistake model: ``fn`` (one of the reference computations above) with one deliberate change."""
+    return Mistake(message, lambda m, *a, **k: fn(m, *a, how=how, **k))
+
+
+def _common(fn):
+    """Mistakes that encode, decode and forward share (each message a literal, for the translations)."""
+    return [
+        _variant(fn, "no_scale", message="embeddings not scaled by sqrt(d_model): "
+                                         "x = embed(tokens) * sqrt(d_model) + pe[:N]"),
+        _variant(fn, "inverse_scale", message="embeddings divided by sqrt(d_model): multiply by sqrt(d_model)"),
+        _variant(fn, "no_pe", message="positional encoding missing: add self.pe[:N] to the scaled embeddings"),
+        _variant(fn, "final_norm", message="extra final norm: the course's Transformer has no LayerNorm after "
+                                           "either stack"),
+    ]
+
+
+ENCODE_MISTAKES = _common(_encode) + [
+    _variant(_encode, "src_mask_dropped", message="src_mask not passed down: give it to every encoder layer")]
+DECODE_MISTAKES = _common(_decode) + [
+    _variant(_decode, "src_embed", message="decode must embed the target with tgt_embed, not src_embed"),
+    _variant(_decode, "masks_swapped",
+             message="masks swapped: a decoder layer is called as layer(x, memory, tgt_mask, src_mask)"),
+    _variant(_decode, "tgt_mask_dropped", message="tgt_mask not passed down: give it to every decoder layer"),
+    _variant(_decode, "memory_mask_dropped",
+             message="src_mask not passed down to the decoder layers: it is their memory_mask")]
+FORWARD_MISTAKES = _common(_forward) + [
+    _variant(_forward, "src_embed", message="decode must embed the target with tgt_embed, not src_embed"),
+    _variant(_forward, "tgt_mask_dropped", message="tgt_mask not passed down: give it to every decoder layer"),
+    _variant(_forward, "src_mask_dropped", message="src_mask not passed down to the encoder layers"),
+    _variant(_forward, "memory_mask_dropped",
+             message="src_mask not passed to decode: the decoder layers need it as their memory_mask"),
+    _variant(_forward, "no_out",
+             message="forward returns the decoder's hidden states: apply self.out to get the logits"),
+    _variant(_forward, "softmax", message="forward returns probabilities: return the logits, without a softmax"),
+    _variant(_forward, "log_softmax",
+             message="forward returns log-probabilities: return the logits, without a log_softmax")]
 TRANSFORMER_DEPS = ("FeedForward", "EncoderLayer", "DecoderLayer")
 SMALL = dict(src_vocab=13, tgt_vocab=11, d_model=16, num_heads=4, num_layers=2, d_ff=32, max_len=24)
 
@@ -387,6 +436,10 @@ def _greedy(model, src, max_len, bos_id, eos_id, src_mask=None, how="ok"):
     for _ in range(max_len - 1 if how == "one_short" else max_len):
         n = ys.size(1)
         causal = None if how == "no_causal" else torch.ones(n, n, dtype=torch.bool).tril()
+        if how == "causal_triu":
+            causal = torch.ones(n, n, dtype=torch.bool).triu()
+        elif how == "causal_inverted":
+            causal = ~causal
         logits = model.out(model.decode(ys, memory, None if how == "src_mask_dropped" else src_mask, causal))
         next_token = logits[:, 0 if how == "first_position" else -1].argmax(dim=-1)
         ys = torch.cat([ys, next_token[:, None]], dim=1)
@@ -398,18 +451,27 @@ def _greedy(model, src, max_len, bos_id, eos_id, src_mask=None, how="ok"):
     return ys[:, 1:] if how == "drop_bos" else ys
 
 
+def _greedy_mistake(how, message):
+    return Mistake(message, lambda *a, **k: _greedy(*a, how=how, **k))
+
+
 GREEDY_MISTAKES = [
-    Mistake(msg, lambda *a, _h=how, **k: _greedy(*a, how=_h, **k)) for how, msg in [
-        ("any_row", "decoding stops when any row ends: continue until EVERY row has produced eos_id"),
-        ("drop_bos", "start token dropped: the output begins with bos_id in column 0"),
-        ("first_position", "argmax taken at the wrong position: the next token comes from the logits of "
-                           "the LAST position, logits[:, -1]"),
-        ("never_stops", "decoding never stops early: stop as soon as every row has produced eos_id"),
-        ("no_causal", "no causal tgt_mask: decode the prefix with a causal mask, as in training"),
-        ("src_mask_dropped", "src_mask not passed to model.encode and model.decode"),
-        ("one_short", "one token short: max_len counts the tokens generated after bos_id, so without eos "
-                      "the output has max_len + 1 columns"),
-    ]]
+    _greedy_mistake("any_row", message="decoding stops when any row ends: continue until EVERY row has produced "
+                                       "eos_id"),
+    _greedy_mistake("drop_bos", message="start token dropped: the output begins with bos_id in column 0"),
+    _greedy_mistake("first_position", message="argmax taken at the wrong position: the next token comes from the "
+                                              "logits of the LAST position, logits[:, -1]"),
+    _greedy_mistake("never_stops", message="decoding never stops early: stop as soon as every row has produced "
+                                           "eos_id"),
+    _greedy_mistake("no_causal", message="no causal tgt_mask: decode the prefix with a causal mask, as in training"),
+    _greedy_mistake("causal_triu", message="causal mask upside down: True (may attend) must be on and below the "
+                                           "diagonal, torch.ones(n, n).tril(), not triu"),
+    _greedy_mistake("causal_inverted", message="causal mask polarity inverted: True means MAY attend, so the causal "
+                                               "mask is True on and below the diagonal"),
+    _greedy_mistake("src_mask_dropped", message="src_mask not passed to model.encode and model.decode"),
+    _greedy_mistake("one_short", message="one token short: max_len counts the tokens generated after bos_id, so "
+                                         "without eos the output has max_len + 1 columns"),
+]
 
 
 def _eos_for(m, src, max_len, src_mask=None, how="staggered"):
@@ -478,26 +540,43 @@ def greedy_case(t, cfg, shape, max_len, draw, how="staggered", mask_lengths=None
     return m, src, _eos_for(m, src, max_len, mask, how), mask
 
 
+def _encodes_once(probe, calls):
+    """How greedy_decode used the model (the kernel's record of its calls): encode once per source row."""
+    if calls is None:
+        return None
+    if any(c["method"] == "forward" for c in calls):
+        return ("greedy_decode calls the model itself (model(...), its forward), which runs the encoder again "
+                "at every step: use only model.encode, once before the loop, then model.decode and model.out")
+    rows = sum(c["rows"] or 0 for c in calls if c["method"] == "encode")
+    if rows > probe.args[1].shape[0]:
+        return ("the encoder runs at every step: the memory does not change while the target grows, so call "
+                "model.encode once, before the loop")
+    return None
+
+
 def _greedy_probe(t, case, max_len, label):
     m, src, eos, mask = case
     kwargs = {} if mask is None else dict(src_mask=mask)
     return t.function("greedy_decode", m, src, max_len, BOS_ID, eos, label=label,
-                      equivalent=_same_up_to_eos(eos), **kwargs, **GREEDY)
+                      equivalent=_same_up_to_eos(eos), call_checks=[_encodes_once], **kwargs, **GREEDY)
 
 
-# (label, model config, source shape, max_len, keyword arguments of greedy_case)
+# Each case: its label, the model config, the source shape, max_len, keyword arguments of greedy_case.
 GREEDY_CASES = [
-    ("no row produces eos_id: max_len steps", MODEL, (3, 5), 6, dict(draw=0, how="absent")),
-    ("one row, stops at its eos_id", MODEL, (1, 4), 8, dict(draw=0)),
-    ("four rows that end at different steps", MODEL, (4, 6), 10, dict(draw=3)),
-    ("3 layers, a padded source with src_mask", dict(MODEL, num_layers=3, d_model=8, d_ff=16), (3, 6), 9,
-     dict(draw=1, mask_lengths=[6, 4, 2])),
-    ("a float64 model, two rows", dict(MODEL, tgt_vocab=10), (2, 3), 7, dict(draw=5, dtype=torch.float64)),
-    ("max_len = 1", MODEL, (3, 5), 1, dict(draw=0, how="absent")),
+    dict(label="no row produces eos_id: max_len steps", cfg=MODEL, shape=(3, 5), max_len=6,
+         how=dict(draw=0, how="absent")),
+    dict(label="one row, stops at its eos_id", cfg=MODEL, shape=(1, 4), max_len=8, how=dict(draw=0)),
+    dict(label="four rows that end at different steps", cfg=MODEL, shape=(4, 6), max_len=10, how=dict(draw=3)),
+    dict(label="3 layers, a padded source with src_mask", cfg=dict(MODEL, num_layers=3, d_model=8, d_ff=16),
+         shape=(3, 6), max_len=9, how=dict(draw=1, mask_lengths=[6, 4, 2])),
+    dict(label="a float64 model, two rows", cfg=dict(MODEL, tgt_vocab=10), shape=(2, 3), max_len=7,
+         how=dict(draw=5, dtype=torch.float64)),
+    dict(label="max_len = 1", cfg=MODEL, shape=(3, 5), max_len=1, how=dict(draw=0, how="absent")),
 ]
 
 
 @hidden.test("test_greedy_decode")
 def _(t):
-    for label, cfg, shape, max_len, how in GREEDY_CASES:
-        _greedy_probe(t, greedy_case(t, cfg, shape, max_len, **how), max_len, label)
+    for case in GREEDY_CASES:
+        _greedy_probe(t, greedy_case(t, case["cfg"], case["shape"], case["max_len"], **case["how"]),
+                      case["max_len"], case["label"])

@@ -12,6 +12,58 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def check_parts_first(*names):
+    """Given: fail with "fix `NAME` first" when one of the earlier exercises NAMES is wrong on a small case."""
+    with torch.random.fork_rng(), torch.no_grad():          # the test's own random numbers stay the same
+        torch.manual_seed(0)
+        x = torch.randn(2, 5, 8)
+        for name in names:
+            try:
+                _check_part(name, x)
+            except NotImplementedError:
+                raise NotImplementedError(f"fix `{name}` first: it is not implemented yet, and this test uses it") from None
+
+
+def _check_part(name, x):
+    if name == "CausalSelfAttention":
+        attn = CausalSelfAttention(8, 2)
+        q, k, v = attn.c_attn(x).split(8, dim=-1)
+        heads = []
+        for i in range(2):                                  # the formula, head by head, no cache
+            sl = slice(4 * i, 4 * (i + 1))
+            s = q[..., sl] @ k[..., sl].transpose(-2, -1) / 2.0
+            s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+            heads.append(torch.softmax(s, dim=-1) @ v[..., sl])
+        y, present = attn(x)
+        assert torch.allclose(y, attn.c_proj(torch.cat(heads, dim=-1)), atol=1e-5), \
+            "fix `CausalSelfAttention` first: without a cache its output differs from the formula, and this test uses it"
+        y_cached, _ = attn(x[:, 3:], tuple(t[:, :, :3] for t in present))
+        assert torch.allclose(y_cached, y[:, 3:], atol=1e-5), \
+            "fix `CausalSelfAttention` first: with a cache its output differs from one call on all tokens, and this test uses it"
+    elif name == "Block":
+        block = Block(8, 2)
+        a, _ = block.attn(block.ln_1(x))
+        h = x + a
+        y, present = block(x)
+        assert torch.allclose(y, h + block.mlp(block.ln_2(h)), atol=1e-5), \
+            "fix `Block` first: its output differs from h + mlp(ln_2(h)), h = x + attn(ln_1(x)), and this test uses it"
+        y_cached, _ = block(x[:, 3:], tuple(t[:, :, :3] for t in present))
+        assert torch.allclose(y_cached, y[:, 3:], atol=1e-5), \
+            "fix `Block` first: with a cache its output differs from one call on all tokens, and this test uses it"
+    elif name == "GPT":
+        gpt = GPT(vocab_size=7, max_len=8, d_model=8, num_heads=2, num_layers=2)
+        idx = torch.randint(0, 7, (2, 6))
+        logits, presents = gpt(idx)
+        h = gpt.wte(idx) + gpt.wpe.weight[:6]
+        for block in gpt.blocks:
+            h, _ = block(h)
+        assert torch.allclose(logits, gpt.lm_head(gpt.ln_f(h)), atol=1e-5), \
+            "fix `GPT` first: its logits differ from lm_head(ln_f(blocks(wte(idx) + wpe(0..N-1)))), and this test uses it"
+        cached, _ = gpt(idx[:, 4:], [tuple(t[:, :, :4] for t in p) for p in presents])
+        assert torch.allclose(cached, logits[:, 4:], atol=1e-5), \
+            "fix `GPT` first: with a cache its logits differ from one call on all tokens, and this test uses it"
+
+
 class MLP(nn.Module):
     """Given: GPT-2's position-wise feed-forward network, d -> 4d -> GELU (tanh) -> d."""
 
@@ -136,16 +188,18 @@ def filter_logits(logits, top_k=None, top_p=None):
 
     Args:
         logits: (..., V) float tensor (float32 or float64), any leading dimensions.
-        top_k: None, or an int k >= 1: keep the k largest logits of each row.
+        top_k: None, or an int k >= 1: keep the k largest logits of each row
+            (k >= V keeps every token).
         top_p: None, or a float in (0, 1]: keep the smallest set of most probable tokens
             whose softmax probabilities sum to at least top_p (never fewer than one;
-            the token that crosses top_p is kept).
+            the token that crosses top_p is kept; top_p = 1.0 keeps every token).
         With both, top_k is applied first and the nucleus is taken among the kept
         tokens, with their probabilities renormalised (softmax of the filtered logits).
 
-    Returns a new tensor of the same shape and dtype: excluded tokens are -inf, the
-    others keep their logits unchanged. Ties at the boundary are not graded. Do not
-    modify the input in place.
+    Returns a tensor of the same shape and dtype: excluded tokens are -inf, the
+    others keep their logits unchanged. Ties at the boundary are not graded. A new
+    tensor, or `logits` itself changed in place (as older Hugging Face code does):
+    both are fine.
     """
     out = logits.clone()
     if top_k is not None:
@@ -166,7 +220,9 @@ def generate(model, idx, max_new_tokens, use_cache=True):
     """Greedy decoding.
 
     Args:
-        model: a GPT (called only as model(idx, past), which returns (logits, presents)).
+        model: a GPT, called only as model(idx, past), which returns (logits,
+            presents). Where there is no cache (the first step, or use_cache=False),
+            pass past=None or leave it out: both are fine.
         idx: (B, N) long tensor, the prompt. N + max_new_tokens <= model.max_len.
         max_new_tokens: int >= 0, how many tokens to append.
         use_cache: if True, run the prompt through the model once and then feed only
@@ -225,4 +281,4 @@ def load_gpt2_weights(model, state_dict):
     return model
 
 
-EXPORTS_SOURCE = 'import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nclass MLP(nn.Module):\n    """Given: GPT-2\'s position-wise feed-forward network, d -> 4d -> GELU (tanh) -> d."""\n\n    def __init__(self, d_model):\n        super().__init__()\n        self.c_fc = nn.Linear(d_model, 4 * d_model)\n        self.gelu = nn.GELU(approximate="tanh")\n        self.c_proj = nn.Linear(4 * d_model, d_model)\n\n    def forward(self, x):                      # (..., d_model) -> (..., d_model)\n        return self.c_proj(self.gelu(self.c_fc(x)))'
+EXPORTS_SOURCE = 'import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\ndef check_parts_first(*names):\n    """Given: fail with "fix `NAME` first" when one of the earlier exercises NAMES is wrong on a small case."""\n    with torch.random.fork_rng(), torch.no_grad():          # the test\'s own random numbers stay the same\n        torch.manual_seed(0)\n        x = torch.randn(2, 5, 8)\n        for name in names:\n            try:\n                _check_part(name, x)\n            except NotImplementedError:\n                raise NotImplementedError(f"fix `{name}` first: it is not implemented yet, and this test uses it") from None\n\n\ndef _check_part(name, x):\n    if name == "CausalSelfAttention":\n        attn = CausalSelfAttention(8, 2)\n        q, k, v = attn.c_attn(x).split(8, dim=-1)\n        heads = []\n        for i in range(2):                                  # the formula, head by head, no cache\n            sl = slice(4 * i, 4 * (i + 1))\n            s = q[..., sl] @ k[..., sl].transpose(-2, -1) / 2.0\n            s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))\n            heads.append(torch.softmax(s, dim=-1) @ v[..., sl])\n        y, present = attn(x)\n        assert torch.allclose(y, attn.c_proj(torch.cat(heads, dim=-1)), atol=1e-5), \\\n            "fix `CausalSelfAttention` first: without a cache its output differs from the formula, and this test uses it"\n        y_cached, _ = attn(x[:, 3:], tuple(t[:, :, :3] for t in present))\n        assert torch.allclose(y_cached, y[:, 3:], atol=1e-5), \\\n            "fix `CausalSelfAttention` first: with a cache its output differs from one call on all tokens, and this test uses it"\n    elif name == "Block":\n        block = Block(8, 2)\n        a, _ = block.attn(block.ln_1(x))\n        h = x + a\n        y, present = block(x)\n        assert torch.allclose(y, h + block.mlp(block.ln_2(h)), atol=1e-5), \\\n            "fix `Block` first: its output differs from h + mlp(ln_2(h)), h = x + attn(ln_1(x)), and this test uses it"\n        y_cached, _ = block(x[:, 3:], tuple(t[:, :, :3] for t in present))\n        assert torch.allclose(y_cached, y[:, 3:], atol=1e-5), \\\n            "fix `Block` first: with a cache its output differs from one call on all tokens, and this test uses it"\n    elif name == "GPT":\n        gpt = GPT(vocab_size=7, max_len=8, d_model=8, num_heads=2, num_layers=2)\n        idx = torch.randint(0, 7, (2, 6))\n        logits, presents = gpt(idx)\n        h = gpt.wte(idx) + gpt.wpe.weight[:6]\n        for block in gpt.blocks:\n            h, _ = block(h)\n        assert torch.allclose(logits, gpt.lm_head(gpt.ln_f(h)), atol=1e-5), \\\n            "fix `GPT` first: its logits differ from lm_head(ln_f(blocks(wte(idx) + wpe(0..N-1)))), and this test uses it"\n        cached, _ = gpt(idx[:, 4:], [tuple(t[:, :, :4] for t in p) for p in presents])\n        assert torch.allclose(cached, logits[:, 4:], atol=1e-5), \\\n            "fix `GPT` first: with a cache its logits differ from one call on all tokens, and this test uses it"\nclass MLP(nn.Module):\n    """Given: GPT-2\'s position-wise feed-forward network, d -> 4d -> GELU (tanh) -> d."""\n\n    def __init__(self, d_model):\n        super().__init__()\n        self.c_fc = nn.Linear(d_model, 4 * d_model)\n        self.gelu = nn.GELU(approximate="tanh")\n        self.c_proj = nn.Linear(4 * d_model, d_model)\n\n    def forward(self, x):                      # (..., d_model) -> (..., d_model)\n        return self.c_proj(self.gelu(self.c_fc(x)))'

@@ -16,7 +16,7 @@ hidden = HiddenTests(ref, from_scratch={"CausalSelfAttention"})
 
 
 def _csa(m, x, past=None, order=(0, 1, 2), mask="causal", cat="past_first", scale="d_head", split="ok",
-         proj=True, present="all"):
+         proj=True, present="all", offset=0, cat_dim=2):
     """The reference attention with one deliberate change, to recognise a common mistake."""
     B, N, C = x.shape
     h = m.num_heads
@@ -30,14 +30,14 @@ def _csa(m, x, past=None, order=(0, 1, 2), mask="causal", cat="past_first", scal
     k_new, v_new = k, v
     if past is not None and cat != "ignored":
         if cat == "past_first":
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            k, v = torch.cat([past[0], k], dim=cat_dim), torch.cat([past[1], v], dim=cat_dim)
         else:
-            k, v = torch.cat([k, past[0]], dim=2), torch.cat([v, past[1]], dim=2)
+            k, v = torch.cat([k, past[0]], dim=cat_dim), torch.cat([v, past[1]], dim=cat_dim)
     P = k.size(2) - N
     s = q @ k.transpose(-2, -1)
     s = s / math.sqrt(d) if scale == "d_head" else s / math.sqrt(C) if scale == "d_model" else s
     if mask == "causal":
-        s = s.masked_fill(~torch.ones(N, P + N, dtype=torch.bool).tril(diagonal=P), float("-inf"))
+        s = s.masked_fill(~torch.ones(N, P + N, dtype=torch.bool).tril(diagonal=P + offset), float("-inf"))
     elif mask == "no_offset":
         s = s.masked_fill(~torch.ones(N, P + N, dtype=torch.bool).tril(), float("-inf"))
     y = s.softmax(-1) @ v
@@ -46,28 +46,45 @@ def _csa(m, x, past=None, order=(0, 1, 2), mask="causal", cat="past_first", scal
     return y, ((k, v) if present == "all" else (k_new, v_new))
 
 
-def _m(message, **change):
-    return Mistake(message, lambda m, x, past=None: _csa(m, x, past, **change))
+def _csa_with(**change):
+    return lambda m, x, past=None: _csa(m, x, past, **change)
 
 
 CSA_MISTAKES = [
-    _m("no causal mask: the query at position p must not attend to keys at later positions", mask="none"),
-    _m("the causal mask ignores the cached length: with P cached tokens, new token i sits at position P+i "
-       "and may attend to every cached key and to new keys up to itself (tril(diagonal=P) on an (N, P+N) grid)",
-       mask="no_offset"),
-    _m("cache concatenated in the wrong order: present (and the keys attended to) must be the past FOLLOWED by "
-       "the new keys and values, torch.cat([k_past, k], dim=2)", cat="new_first"),
-    _m("the cache is ignored: concatenate past keys and values before attending", cat="ignored"),
-    _m("present holds only the new keys and values: return the past followed by the new ones", present="new"),
-    *[_m("q, k and v sliced in the wrong order: c_attn(x) holds q, then k, then v, each d_model wide",
-         order=o) for o in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]],
-    _m("scores scaled by 1/sqrt(d_model): scale by 1/sqrt(d_head), d_head = d_model // num_heads", scale="d_model"),
-    _m("scores not scaled by 1/sqrt(d_head)", scale="none"),
-    _m("heads split with a view to (B, h, N, d_head) without a transpose: view to (B, N, h, d_head), "
-       "then transpose(1, 2)", split="view_only"),
-    _m("c_proj forgotten: apply self.c_proj to the concatenated heads", proj=False),
+    Mistake("no causal mask: the query at position p must not attend to keys at later positions",
+            _csa_with(mask="none")),
+    Mistake("the causal mask ignores the cached length: with P cached tokens, new token i sits at position P+i "
+            "and may attend to every cached key and to new keys up to itself (tril(diagonal=P) on an (N, P+N) "
+            "grid)", _csa_with(mask="no_offset")),
+    Mistake("cache concatenated in the wrong order: present (and the keys attended to) must be the past FOLLOWED "
+            "by the new keys and values, torch.cat([k_past, k], dim=2)", _csa_with(cat="new_first")),
+    Mistake("present holds only the new keys and values (the cache is not extended): return the past followed "
+            "by the new ones, each (B, h, P + N, d_head)", _csa_with(present="new")),
+    Mistake("the cache is ignored: concatenate past keys and values before attending", _csa_with(cat="ignored")),
+    *[Mistake("the causal mask is off by one: the query at position p attends to the keys at positions 0 .. p, "
+              "itself included (with a cache of P, new token i is at position P + i: tril(diagonal=P) on an "
+              "(N, P+N) grid)", _csa_with(offset=o)) for o in (-1, 1)],
+    *[Mistake("past and new keys/values concatenated along the wrong dimension: they are (B, h, P, d_head) and "
+              "(B, h, N, d_head), so join them along the positions, torch.cat([k_past, k], dim=2)",
+              _csa_with(cat=c, cat_dim=d)) for c in ("past_first", "new_first") for d in (1, 3)],
+    *[Mistake("q, k and v sliced in the wrong order: c_attn(x) holds q, then k, then v, each d_model wide",
+              _csa_with(order=o)) for o in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]],
+    Mistake("scores scaled by 1/sqrt(d_model): scale by 1/sqrt(d_head), d_head = d_model // num_heads",
+            _csa_with(scale="d_model")),
+    Mistake("scores not scaled by 1/sqrt(d_head)", _csa_with(scale="none")),
+    Mistake("heads split with a view to (B, h, N, d_head) without a transpose: view to (B, N, h, d_head), "
+            "then transpose(1, 2)", _csa_with(split="view_only")),
+    Mistake("c_proj forgotten: apply self.c_proj to the concatenated heads", _csa_with(proj=False)),
 ]
-CSA = dict(mistakes=CSA_MISTAKES)
+CSA = dict(mistakes=CSA_MISTAKES, returns=("y", "present"))
+
+
+def _same_shapes(student, expected):
+    """The shapes test judges shapes and dtypes only: the values are the other tests' business."""
+    if isinstance(expected, tuple):
+        return isinstance(student, (tuple, list)) and len(student) == len(expected) and all(
+            _same_shapes(s, e) for s, e in zip(student, expected))
+    return isinstance(student, torch.Tensor) and student.shape == expected.shape and student.dtype == expected.dtype
 
 
 def _past(t, B, h, P, d, dtype=torch.float32):
@@ -77,9 +94,9 @@ def _past(t, B, h, P, d, dtype=torch.float32):
 @hidden.test("test_CausalSelfAttention_shapes")
 def _(t):
     t.module("CausalSelfAttention", dict(d_model=16, num_heads=4), t.randn(2, 5, 16),
-             label="d_model=16, 4 heads, no cache", **CSA)
+             label="shapes: d_model=16, 4 heads, no cache", equivalent=_same_shapes, **CSA)
     t.module("CausalSelfAttention", dict(d_model=16, num_heads=4), t.randn(2, 2, 16), _past(t, 2, 4, 3, 4),
-             label="2 new tokens, a cache of 3", **CSA)
+             label="shapes: 2 new tokens, a cache of 3", equivalent=_same_shapes, **CSA)
 
 
 @hidden.test("test_CausalSelfAttention_no_cache")
@@ -96,10 +113,10 @@ def _(t):
 
 @hidden.test("test_CausalSelfAttention_cache")
 def _(t):
-    t.module("CausalSelfAttention", dict(d_model=8, num_heads=2), t.randn(2, 1, 8), _past(t, 2, 2, 1, 4),
-             label="one new token, a cache of one earlier token", **CSA)
     t.module("CausalSelfAttention", dict(d_model=12, num_heads=3), t.randn(1, 1, 12), _past(t, 1, 3, 6, 4),
              label="one new token, a cache of 6 (several earlier calls)", **CSA)
+    t.module("CausalSelfAttention", dict(d_model=8, num_heads=2), t.randn(2, 1, 8), _past(t, 2, 2, 1, 4),
+             label="one new token, a cache of one earlier token", **CSA)
     t.module("CausalSelfAttention", dict(d_model=16, num_heads=4), t.randn(3, 4, 16), _past(t, 3, 4, 5, 4),
              label="4 new tokens, a cache of 5, batch of 3", **CSA)
     t.module("CausalSelfAttention", dict(d_model=8, num_heads=2), t.randn(2, 3, 8, dtype=torch.float64),
@@ -148,7 +165,7 @@ BLOCK_MISTAKES = [
             lambda m, x, past=None: _block(m, x, past, "mlp_raw")),
     Mistake("past is not passed on to self.attn", lambda m, x, past=None: _block(m, x, past, "past_dropped")),
 ]
-BLOCK = dict(mistakes=BLOCK_MISTAKES, deps=("CausalSelfAttention",))
+BLOCK = dict(mistakes=BLOCK_MISTAKES, deps=("CausalSelfAttention",), returns=("x", "present"))
 
 
 @hidden.test("test_Block")
@@ -164,7 +181,8 @@ def _(t):
 def _gpt(m, idx, past=None, how="ok"):
     B, N = idx.shape
     P = 0 if past is None else past[0][0].size(2)
-    start = 0 if how == "positions_restart" else P
+    start = {"positions_restart": 0, "positions_plus_one": P + 1, "positions_minus_one": P - 1,
+             "p_from_heads": 0 if past is None else past[0][0].size(1)}.get(how, P)
     x = m.wte(idx) if how == "no_positions" else m.wte(idx) + m.wpe(torch.arange(start, start + N))
     presents = []
     for i, block in enumerate(m.blocks):
@@ -179,6 +197,11 @@ def _gpt(m, idx, past=None, how="ok"):
 GPT_MISTAKES = [
     Mistake("positions restart at 0 when a cache is given: the new tokens sit at positions P .. P+N-1, "
             "P = past[0][0].size(2)", lambda m, idx, past=None: _gpt(m, idx, past, "positions_restart")),
+    *[Mistake("positions off by one: the N new tokens sit at positions P .. P+N-1 (P = 0 without a cache, "
+              "P = past[0][0].size(2) with one)", lambda m, idx, past=None, how=how: _gpt(m, idx, past, how))
+      for how in ("positions_plus_one", "positions_minus_one")],
+    Mistake("the cached length P read from the wrong dimension: each cached key is (B, h, P, d_head), so "
+            "P = past[0][0].size(2)", lambda m, idx, past=None: _gpt(m, idx, past, "p_from_heads")),
     Mistake("position embeddings missing: x = wte(idx) + wpe(positions)",
             lambda m, idx, past=None: _gpt(m, idx, past, "no_positions")),
     Mistake("ln_f forgotten: normalise after the last block, before lm_head",
@@ -186,7 +209,7 @@ GPT_MISTAKES = [
     Mistake("every block got past[0]: block i must receive past[i]",
             lambda m, idx, past=None: _gpt(m, idx, past, "first_past")),
 ]
-GPT_ARGS = dict(mistakes=GPT_MISTAKES, deps=("CausalSelfAttention", "Block"))
+GPT_ARGS = dict(mistakes=GPT_MISTAKES, deps=("CausalSelfAttention", "Block"), returns=("logits", "presents"))
 SMALL = dict(vocab_size=11, max_len=16, d_model=8, num_heads=2, num_layers=2)
 
 
@@ -216,14 +239,14 @@ def _(t):
 
 
 def _filter(logits, top_k=None, top_p=None, k_side="largest", p_rule="before", order="k_first",
-            fill=float("-inf"), renormalise=True, sort=True):
+            fill=float("-inf"), renormalise=True, sort=True, clamp=True):
     out = logits.clone()
     original = logits.clone()
 
     def apply_k(out):
         if top_k is None:
             return out
-        k = min(top_k, out.size(-1))
+        k = min(top_k, out.size(-1)) if clamp else top_k
         if k_side == "largest":
             kth = torch.topk(out, k, dim=-1).values[..., -1:]
             return out.masked_fill(out < kth, fill)
@@ -257,6 +280,8 @@ FILTER_MISTAKES = [
     Mistake("the nucleus dropped the token that crosses top_p: keep the smallest set whose mass is AT LEAST "
             "top_p (drop a token only when the mass before it is >= top_p)",
             lambda lg, top_k=None, top_p=None: _filter(lg, top_k, top_p, p_rule="crossing_dropped_ge")),
+    Mistake("top_k larger than V raised an error: such a top_k keeps every token, so take k = min(top_k, V)",
+            lambda lg, top_k=None, top_p=None: _filter(lg, top_k, top_p, clamp=False)),
     Mistake("excluded tokens must be -inf (probability 0 after a softmax), not 0",
             lambda lg, top_k=None, top_p=None: _filter(lg, top_k, top_p, fill=0.0)),
     Mistake("excluded tokens must be -inf, not a large negative number",
@@ -278,6 +303,7 @@ def _(t):
     t.function("filter_logits", t.randn(2, 3, 8, dtype=torch.float64), top_k=5, mistakes=FILTER_MISTAKES,
                label="float64 (2, 3, 8), top_k=5")
     t.function("filter_logits", t.randn(3, 6), top_k=6, mistakes=FILTER_MISTAKES, label="top_k = V keeps all")
+    t.function("filter_logits", t.randn(2, 5), top_k=9, mistakes=FILTER_MISTAKES, label="top_k > V keeps all")
     t.function("filter_logits", t.randn(3, 6), mistakes=FILTER_MISTAKES, label="no filter")
 
 
@@ -287,6 +313,7 @@ def _(t):
     t.function("filter_logits", t.randn(3, 10) * 3, top_p=0.5, mistakes=FILTER_MISTAKES, label="(3, 10), top_p=0.5")
     t.function("filter_logits", t.randn(2, 12), top_p=1e-4, mistakes=FILTER_MISTAKES,
                label="tiny top_p keeps one token")
+    t.function("filter_logits", t.randn(3, 8), top_p=1.0, mistakes=FILTER_MISTAKES, label="top_p = 1.0 keeps all")
     t.function("filter_logits", t.randn(2, 2, 15, dtype=torch.float64) * 2, top_p=0.8, mistakes=FILTER_MISTAKES,
                label="float64 (2, 2, 15), top_p=0.8")
     t.function("filter_logits", t.randn(3, 16) * 2, top_k=6, top_p=0.7, mistakes=FILTER_MISTAKES,
@@ -437,3 +464,11 @@ def _(t):
     t.function("load_gpt2_weights", t.model("GPT", LOAD_MODEL, dtype=torch.float64),
                _checkpoint(t, LOAD_MODEL, dtype=torch.float64), mistakes=LOAD_MISTAKES,
                label="a float64 model and checkpoint")
+    missing = _checkpoint(t, LOAD_MODEL)
+    del missing["transformer.h.1.mlp.c_fc.bias"]
+    t.function("load_gpt2_weights", t.model("GPT", LOAD_MODEL), missing,
+               raises=("h.1.mlp.c_fc.bias", "blocks.1.mlp.c_fc.bias"),
+               label="a checkpoint without transformer.h.1.mlp.c_fc.bias must raise an error naming it")
+    longer = dict(_checkpoint(t, LOAD_MODEL), **{"transformer.wpe.weight": t.randn(LOAD_MODEL["max_len"] + 4, 8)})
+    t.function("load_gpt2_weights", t.model("GPT", LOAD_MODEL), longer, raises=("wpe.weight",),
+               label="a transformer.wpe.weight with 16 positions for a model of 12 must raise an error naming it")

@@ -92,7 +92,8 @@ def test_the_glossary_page_lists_every_term():
     with open(ROOT / "locales" / "glossary.csv", newline="") as f:
         rows = list(csv.reader(f))[1:]
     assert len(rows) >= 40 and all(HAN.search(zh) or zh == en for en, zh, _ in rows)
-    for term in ("查询", "键", "值", "注意力权重", "多头注意力", "位置编码", "掩码", "键值缓存"):
+    for term in ("查询", "键", "值", "注意力权重", "多头注意力", "位置编码", "掩码", "KV 缓存",
+                 "层规范化", "暂退法", "掩蔽 softmax", "注意力汇聚"):  # d2l-zh's terms
         assert term in {zh for _, zh, _ in rows}, f"the glossary lacks {term}"
 
 

@@ -399,9 +399,7 @@ MISTAKES = {
             x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)[0]))
             x = self.norm2(x + self.dropout(self.cross_attn(memory, x, x, memory_mask)[0]))
             return self.norm3(x + self.dropout(self.ffn(x)))
-        """)}), {"test_DecoderLayer_post_ln": "raised RuntimeError",    # N_src != N_tgt: the residual sum fails
-                 "test_DecoderLayer_pre_ln": "raised RuntimeError",
-                 "test_DecoderLayer_masks": "queries taken from memory"}),
+        """)}), {t: "queries taken from memory" for t in DEC_TESTS}),   # named even where N_src != N_tgt fails
     "dec_masks_swapped": (sub({"DecoderLayer": decoder(STD_DEC_PRE.replace("h, h, h, tgt_mask", "h, h, h, memory_mask")
                                                        .replace("memory, memory, memory_mask", "memory, memory, tgt_mask") + """
             x = self.norm1(x + self.dropout(self.self_attn(x, x, x, memory_mask)[0]))
@@ -474,6 +472,115 @@ CORRECT["greedy_row_by_row"] = sub({"greedy_decode": greedy("""
     return torch.tensor([r + [eos_id] * (width - len(r)) for r in rows])
 """)})
 
+# More styles by a different hand: nn.Sequential and einsum for the network, a loop over sub-layers,
+# (1, 1, n, n) masks passed by keyword, and a while loop that fills a preallocated batch.
+CORRECT["sequential_einsum_while"] = sub({
+    "FeedForward": ffn("""
+        net = nn.Sequential(self.linear1, nn.ReLU(), self.dropout, self.linear2)
+        return net(x)
+    """),
+    "EncoderLayer": encoder("""
+        subs = [(self.norm1, lambda z: self.self_attn(z, z, z, mask=mask)[0]), (self.norm2, self.ffn)]
+        for norm, fn in subs:
+            x = x + self.dropout(fn(norm(x))) if self.norm_first else norm(x + self.dropout(fn(x)))
+        return x
+    """),
+    "DecoderLayer": decoder("""
+        subs = [(self.norm1, lambda z: self.self_attn(z, z, z, mask=tgt_mask)[0]),
+                (self.norm2, lambda z: self.cross_attn(z, memory, memory, mask=memory_mask)[0]),
+                (self.norm3, self.ffn)]
+        for norm, fn in subs:
+            if self.norm_first:
+                x = x + self.dropout(fn(norm(x)))
+            else:
+                x = norm(x + self.dropout(fn(x)))
+        return x
+    """),
+    "Transformer": transformer("""
+        def _embed(self, table, ids):
+            e = torch.einsum("bnd,->bnd", table(ids), torch.tensor(self.d_model, dtype=torch.float32).sqrt())
+            return self.dropout(e + self.pe[None, : ids.shape[-1], :])
+
+        def encode(self, src, src_mask=None):
+            h = self._embed(self.src_embed, src)
+            for enc in self.encoder_layers:
+                h = enc(h, mask=src_mask)
+            return h
+
+        def decode(self, tgt, memory, src_mask=None, tgt_mask=None):
+            h = self._embed(self.tgt_embed, tgt)
+            for dec in self.decoder_layers:
+                h = dec(h, memory, memory_mask=src_mask, tgt_mask=tgt_mask)
+            return h
+
+        def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+            return self.out(self.decode(tgt, self.encode(src, src_mask=src_mask), src_mask=src_mask,
+                                        tgt_mask=tgt_mask))
+    """),
+    "greedy_decode": greedy("""
+        B = src.size(0)
+        memory = model.encode(src, src_mask=src_mask)
+        ys = torch.full((B, max_len + 1), bos_id, dtype=torch.long)
+        ended = torch.zeros(B, dtype=torch.bool)
+        t = 1
+        while t <= max_len and not ended.all():
+            causal = torch.tril(torch.ones(1, 1, t, t)).bool()
+            hidden = model.decode(ys[:, :t], memory, src_mask=src_mask, tgt_mask=causal)
+            ys[:, t] = model.out(hidden[:, t - 1]).argmax(-1)
+            ended = ended | ys[:, t].eq(eos_id)
+            t += 1
+        return ys[:, :t]
+    """),
+})
+# Dropout written with F.dropout, passing the module's mode: correct in eval() mode too.
+CORRECT["functional_dropout_with_training_flag"] = sub({"FeedForward": ffn(
+    "return self.linear2(F.dropout(F.relu(self.linear1(x)), self.dropout.p, self.training))")})
+
+MISTAKES.update({
+    "ffn_dropout_always_on": (sub({"FeedForward": ffn(
+        "return self.linear2(F.dropout(F.relu(self.linear1(x)), self.dropout.p))")}),
+        {"test_FeedForward": "dropout active in eval() mode"}),
+    "enc_no_residual": (sub({"EncoderLayer": encoder("""
+            if self.norm_first:
+                x = self.dropout(self.self_attn(self.norm1(x), self.norm1(x), self.norm1(x), mask)[0])
+                return self.dropout(self.ffn(self.norm2(x)))
+            x = self.norm1(self.dropout(self.self_attn(x, x, x, mask)[0]))
+            return self.norm2(self.dropout(self.ffn(x)))
+        """)}), {t: "residual connection missing" for t in ENC_TESTS}),
+    "dec_no_residual": (sub({"DecoderLayer": decoder(STD_DEC_PRE + """
+            x = self.norm1(self.dropout(self.self_attn(x, x, x, tgt_mask)[0]))
+            x = self.norm2(self.dropout(self.cross_attn(x, memory, memory, memory_mask)[0]))
+            return self.norm3(self.dropout(self.ffn(x)))
+        """)}), {"test_DecoderLayer_post_ln": "residual connection missing",
+                 "test_DecoderLayer_masks": "residual connection missing"}),
+    "dec_memory_mask_not_passed": (sub({"DecoderLayer": decoder(STD_DEC_PRE.replace(
+        "memory, memory, memory_mask", "memory, memory") + """
+            x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)[0]))
+            x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory)[0]))
+            return self.norm3(x + self.dropout(self.ffn(x)))
+        """)}), {"test_DecoderLayer_masks": "memory_mask not passed down"}),
+    "enc_pre_ln_normalised_residual": (sub({"EncoderLayer": encoder("""
+            if self.norm_first:
+                h = self.norm1(x)
+                x = h + self.dropout(self.self_attn(h, h, h, mask)[0])
+                h = self.norm2(x)
+                return h + self.dropout(self.ffn(h))
+            x = self.norm1(x + self.dropout(self.self_attn(x, x, x, mask)[0]))
+            return self.norm2(x + self.dropout(self.ffn(x)))
+        """)}), {"test_EncoderLayer_pre_ln": "pre-LN residual adds the normalised input",
+                 "test_EncoderLayer_mask": "pre-LN residual adds the normalised input"}),
+    "greedy_runs_the_model_every_step": (sub({"greedy_decode": greedy(STANDARD_GREEDY.replace(
+        "model.out(model.decode(ys, memory, src_mask, mask))", "model(src, ys, src_mask, mask)"))}),
+        {"test_greedy_decode": "calls the model itself"}),
+    "greedy_encodes_every_step": (sub({"greedy_decode": greedy(STANDARD_GREEDY.replace(
+        "model.decode(ys, memory, src_mask, mask)", "model.decode(ys, model.encode(src, src_mask), src_mask, mask)"))}),
+        {"test_greedy_decode": "the encoder runs at every step"}),
+    "greedy_causal_mask_triu": (sub({"greedy_decode": greedy(STANDARD_GREEDY.replace("torch.tril(", "torch.triu("))}),
+                                {"test_greedy_decode": "causal mask upside down"}),
+    "greedy_causal_mask_inverted": (sub({"greedy_decode": greedy(STANDARD_GREEDY.replace(
+        "mask = torch.tril(", "mask = ~torch.tril("))}), {"test_greedy_decode": "causal mask polarity inverted"}),
+})
+
 # ------------------------------------------------------------------ independence
 INDEPENDENT = {
     # Broken earlier exercises cost nothing in the later ones that use them.
@@ -488,6 +595,42 @@ INDEPENDENT = {
     "kernel_exits_in_greedy_decode": (sub({"greedy_decode": "import os\nos._exit(0)\n"}),
                                       {"test_greedy_decode": "did not run"}),
 }
+
+
+def alone(case: str) -> tuple:
+    """A catalog case's answers with every other exercise left as its stub: the same losses, plus the stubs'."""
+    notebook_answers, losses = ALONE_ANSWERS[case]
+    expected = {t: "not implemented yet" for t in ALL_TESTS
+                if not any(t.startswith(f"test_{name}") for name in notebook_answers)}
+    return sub(notebook_answers, base="stub"), {**expected, **losses}
+
+
+ALONE_ANSWERS = {
+    "ffn_dropout_always_on": ({"FeedForward": ffn(
+        "return self.linear2(F.dropout(F.relu(self.linear1(x)), self.dropout.p))")},
+        {"test_FeedForward": "dropout active in eval() mode"}),
+    "enc_no_residual": ({"EncoderLayer": encoder("""
+            if self.norm_first:
+                x = self.dropout(self.self_attn(self.norm1(x), self.norm1(x), self.norm1(x), mask)[0])
+                return self.dropout(self.ffn(self.norm2(x)))
+            x = self.norm1(self.dropout(self.self_attn(x, x, x, mask)[0]))
+            return self.norm2(self.dropout(self.ffn(x)))
+        """)}, {t: "residual connection missing" for t in ENC_TESTS}),
+    "dec_memory_mask_not_passed": ({"DecoderLayer": decoder(STD_DEC_PRE.replace(
+        "memory, memory, memory_mask", "memory, memory") + """
+            x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)[0]))
+            x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory)[0]))
+            return self.norm3(x + self.dropout(self.ffn(x)))
+        """)}, {"test_DecoderLayer_masks": "memory_mask not passed down"}),
+    "tr_embeddings_not_scaled": ({"Transformer": transformer(
+        STANDARD_TRANSFORMER.replace(" * math.sqrt(self.d_model)", ""))},
+        {t: "not scaled by sqrt(d_model)" for t in TR_TESTS}),
+    "greedy_runs_the_model_every_step": ({"greedy_decode": greedy(STANDARD_GREEDY.replace(
+        "model.out(model.decode(ys, memory, src_mask, mask))", "model(src, ys, src_mask, mask)"))},
+        {"test_greedy_decode": "calls the model itself"}),
+    "greedy_correct": ({"greedy_decode": greedy(STANDARD_GREEDY)}, {}),
+}
+INDEPENDENT.update({f"alone:{case}": alone(case) for case in ALONE_ANSWERS})
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {

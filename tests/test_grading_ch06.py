@@ -16,7 +16,7 @@ CHAPTER = "06_efficient_attention"
 POINTS = {
     "test_local_attention_mask_window": 1, "test_local_attention_mask_causal": 1,
     "test_local_attention_mask_global": 1,
-    "test_linformer_attention_values": 2, "test_linformer_attention_shapes": 1,
+    "test_linformer_attention_values": 2, "test_linformer_attention_sequence_axis": 1,
     "test_linear_attention_values": 1, "test_linear_attention_causal": 2, "test_linear_attention_memory": 1,
     "test_performer_features_values": 2, "test_lsh_hash_values": 2,
     "test_flash_attention_values": 2, "test_flash_attention_causal": 1, "test_flash_attention_stability": 1,
@@ -372,7 +372,7 @@ MISTAKES = {
         v_proj = (value @ F.transpose(-2, -1)).transpose(-2, -1)
         w = torch.softmax(query @ k_proj.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ v_proj, w
-    """)}), {"test_linformer_attention_values": "raised", "test_linformer_attention_shapes": "along the features"}),
+    """)}), {t: "projected along the features" for t in LINFORMER_TESTS}),
     "linformer_E_F_swapped": (sub({"linformer_attention": fn("linformer_attention", """
         w = torch.softmax(query @ (F @ key).transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
         return w @ (E @ value), w
@@ -440,6 +440,52 @@ MISTAKES = {
 }
 
 # ------------------------------------------------------------------ independence
+# More mistakes, written as a learner would: the causal triangle without its diagonal, the diagonal
+# block of FlashAttention left unmasked, GQA scaled by the model width, and a mask read the wrong way.
+MISTAKES.update({
+    "local_causal_hides_diagonal": (sub({"local_attention_mask": fn("local_attention_mask", """
+        mask = torch.ones(n, n).triu(-radius).tril(radius).bool()
+        for g in global_tokens:
+            mask[g, :] = True
+            mask[:, g] = True
+        if causal:
+            mask &= torch.ones(n, n, dtype=torch.bool).tril(-1)
+        return mask
+    """)}), {"test_local_attention_mask_causal": "hides the diagonal",
+             "test_local_attention_mask_global": "hides the diagonal"}),
+    "flash_diagonal_block_unmasked": (sub({"flash_attention": fn("flash_attention", FLASH_BODY.replace(
+        "L_UPDATE", "alpha * l").replace("            if causal:\n                s = s.masked_fill(", "            if False:\n                s = s.masked_fill("))}),
+        {"test_flash_attention_causal": "block on the diagonal needs a mask",
+         "test_flash_attention_stability": "block on the diagonal needs a mask",
+         "test_flash_attention_memory": "from the reference"}),
+    "gqa_scaled_by_d_model": (sub({"GroupedQueryAttention": gqa("""
+        B, N, _ = x.shape
+        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
+        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+        group = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.num_heads * self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = scores.softmax(-1)
+        return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w
+    """)}), {t: "1/sqrt(d_model)" for t in GQA_TESTS}),
+    "gqa_mask_inverted": (sub({"GroupedQueryAttention": gqa("""
+        B, N, _ = x.shape
+        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
+        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+        group = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(mask, -1e9)
+        w = scores.softmax(-1)
+        return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w
+    """)}), {"test_GroupedQueryAttention_mask": "mask polarity inverted"}),
+})
+
 INDEPENDENT = {
     "looping_lsh_hash": (sub({"lsh_hash": fn("lsh_hash", "while True:\n    pass")}),
                          {"test_lsh_hash_values": "longer than"}),
@@ -448,6 +494,22 @@ INDEPENDENT = {
     "stub_flash_only": (sub({"flash_attention": fn("flash_attention", "raise NotImplementedError()")}),
                         {t: "not implemented yet" for t in FLASH_TESTS}),
 }
+
+
+def alone(mistake: str, exercise: str) -> tuple:
+    """A mistake's answer with every other exercise left as its stub: its own losses, plus the stubs'."""
+    notebook, losses = MISTAKES[mistake]
+    answer = next(c.source for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                  == exercise)
+    stubs = {t: "not implemented yet" for t in ALL_TESTS if not t.startswith(f"test_{exercise}")}
+    return submission({exercise: answer}, base="stub", chapter=CHAPTER), {**stubs, **losses}
+
+
+INDEPENDENT.update({
+    "alone:local_causal_hides_diagonal": alone("local_causal_hides_diagonal", "local_attention_mask"),
+    "alone:gqa_mask_inverted": alone("gqa_mask_inverted", "GroupedQueryAttention"),
+    "alone:linformer_E_F_swapped": alone("linformer_E_F_swapped", "linformer_attention"),
+})
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {

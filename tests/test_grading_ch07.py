@@ -19,6 +19,7 @@ POINTS = {
     "test_load_gpt2_weights": 2,
 }
 CSA_TESTS = [t for t in POINTS if t.startswith("test_CausalSelfAttention")]
+CSA_VALUES = ["test_CausalSelfAttention_no_cache", "test_CausalSelfAttention_cache"]  # the shapes test: shapes only
 GPT_TESTS = ["test_GPT_no_cache", "test_GPT_cache"]
 FILTER_TESTS = ["test_filter_logits_top_k", "test_filter_logits_top_p"]
 
@@ -343,20 +344,48 @@ EINSUM = {
     """),
 }
 
+HF_IN_PLACE_FILTER = fn(FILTER_SIG, """
+    # older Hugging Face code: excluded logits set to -inf in the input tensor, which is returned
+    if top_k is not None:
+        top_k = min(top_k, logits.size(-1))
+        logits[logits < torch.topk(logits, top_k)[0][..., -1, None]] = -float("Inf")
+    if top_p is not None:
+        sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+        cumulative_probs = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+        sorted_indices_to_remove = cumulative_probs > top_p
+        sorted_indices_to_remove[..., 1:] = sorted_indices_to_remove[..., :-1].clone()
+        sorted_indices_to_remove[..., 0] = 0
+        logits[sorted_indices_to_remove.scatter(-1, sorted_indices, sorted_indices_to_remove)] = -float("Inf")
+    return logits
+""")
+
 CORRECT = {
     "reference": sub(),
+    "hugging_face_in_place_filter": sub({"filter_logits": HF_IN_PLACE_FILTER}),
+    "generate_passes_no_past_first": sub({"generate": fn(GEN_SIG, """
+        out = idx
+        logits, past = model(idx)                      # no cache yet: past left out
+        for step in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            if step + 1 < max_new_tokens:
+                logits, past = model(nxt, past) if use_cache else model(out)
+        return out
+    """)}),
     "nanogpt_style": sub(NANOGPT),
     "hugging_face_style": sub(HF_STYLE),
     "einsum_style": sub(EINSUM, prepend=["def unused_helper(x):\n    return x\n"]),
 }
 
 # ------------------------------------------------------------------ common mistakes
-def csa_variant(mask="ok", cat="ok", order="q, k, v", scale="math.sqrt(d)"):
+def csa_variant(mask="ok", cat="ok", order="q, k, v", scale="math.sqrt(d)", present="(k, v)"):
     mask_line = {"ok": "mask = torch.ones(N, P + N, dtype=torch.bool).tril(diagonal=P)",
                  "no_offset": "mask = torch.ones(N, P + N, dtype=torch.bool).tril()",
+                 "off_by_one": "mask = torch.ones(N, P + N, dtype=torch.bool).tril(diagonal=P - 1)",
                  "none": "mask = torch.ones(N, P + N, dtype=torch.bool)"}[mask]
     cat_line = {"ok": "k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)",
-                "wrong": "k, v = torch.cat([k, past[0]], dim=2), torch.cat([v, past[1]], dim=2)"}[cat]
+                "wrong": "k, v = torch.cat([k, past[0]], dim=2), torch.cat([v, past[1]], dim=2)",
+                "heads_dim": "k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)"}[cat]
     return csa(f"""
         B, N, C = x.shape
         h = self.num_heads
@@ -365,29 +394,89 @@ def csa_variant(mask="ok", cat="ok", order="q, k, v", scale="math.sqrt(d)"):
         q = q.view(B, N, h, d).transpose(1, 2)
         k = k.view(B, N, h, d).transpose(1, 2)
         v = v.view(B, N, h, d).transpose(1, 2)
+        k_new, v_new = k, v
         if past is not None:
             {cat_line}
         P = k.size(2) - N
         scores = q @ k.transpose(-2, -1) / {scale}
         {mask_line}
         w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        return self.c_proj((w @ v).transpose(1, 2).reshape(B, N, C)), (k, v)
+        return self.c_proj((w @ v).transpose(1, 2).reshape(B, N, C)), {present}
     """)
+
+
+def gpt_positions(start: str) -> str:
+    return gpt(f"""
+        B, N = idx.shape
+        P = 0 if past is None else past[0][0].size(2)
+        x = self.wte(idx) + self.wpe(torch.arange({start}, {start} + N))
+        presents = []
+        for i, blk in enumerate(self.blocks):
+            x, p = blk(x, None if past is None else past[i])
+            presents.append(p)
+        return self.lm_head(self.ln_f(x)), presents
+    """)
+
+
+LOAD_WITHOUT_CHECKS = fn(LOAD_SIG, """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            w = state_dict.get("transformer." + name.replace("blocks.", "h."))
+            if w is None:
+                continue                               # a missing key silently skipped
+            p.copy_(w.t() if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else w)
+    return model
+""")
+
+
+BLOCK_POST_LN = block("""
+    a, present = self.attn(x, past)
+    x = self.ln_1(x + a)
+    return self.ln_2(x + self.mlp(x)), present
+""")
+NUCLEUS_DROPS_CROSSING = fn(FILTER_SIG, """
+            out = logits.clone()
+            if top_k is not None:
+                kth = torch.topk(out, min(top_k, out.size(-1)), dim=-1).values[..., -1:]
+                out = out.masked_fill(out < kth, float("-inf"))
+            if top_p is not None:
+                sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+                cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+                remove = cum > top_p
+                out = out.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), float("-inf"))
+            return out
+""")
+GENERATE_REFEEDS = fn(GEN_SIG, """
+            past = None
+            for _ in range(max_new_tokens):
+                if use_cache:
+                    logits, past = model(idx, past)
+                else:
+                    logits, _ = model(idx)
+                idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            return idx
+""")
 
 
 MISTAKES = {
     "attention_without_causal_mask": (sub({"CausalSelfAttention": csa_variant(mask="none")}),
-                                      {t: "no causal mask" for t in CSA_TESTS}),
+                                      {t: "no causal mask" for t in CSA_VALUES}),
     "mask_ignores_cached_length": (sub({"CausalSelfAttention": csa_variant(mask="no_offset")}),
-                                   {"test_CausalSelfAttention_shapes": "ignores the cached length",
-                                    "test_CausalSelfAttention_cache": "ignores the cached length"}),
+                                   {"test_CausalSelfAttention_cache": "ignores the cached length"}),
+    "mask_off_by_one": (sub({"CausalSelfAttention": csa_variant(mask="off_by_one")}),
+                        {t: "causal mask is off by one" for t in CSA_VALUES}),
     "cache_concatenated_in_wrong_order": (sub({"CausalSelfAttention": csa_variant(cat="wrong")}),
-                                          {"test_CausalSelfAttention_shapes": "wrong order",
-                                           "test_CausalSelfAttention_cache": "wrong order"}),
+                                          {"test_CausalSelfAttention_cache": "wrong order"}),
+    "cache_concatenated_along_heads": (sub({"CausalSelfAttention": csa_variant(cat="heads_dim")}),
+                                       {"test_CausalSelfAttention_shapes": "along the wrong dimension",
+                                        "test_CausalSelfAttention_cache": "along the wrong dimension"}),
+    "cache_not_extended": (sub({"CausalSelfAttention": csa_variant(present="(k_new, v_new)")}),
+                           {"test_CausalSelfAttention_shapes": "the cache is not extended",
+                            "test_CausalSelfAttention_cache": "the cache is not extended"}),
     "qkv_sliced_in_wrong_order": (sub({"CausalSelfAttention": csa_variant(order="k, q, v")}),
-                                  {t: "sliced in the wrong order" for t in CSA_TESTS}),
+                                  {t: "sliced in the wrong order" for t in CSA_VALUES}),
     "scaled_by_d_model": (sub({"CausalSelfAttention": csa_variant(scale="math.sqrt(C)")}),
-                          {t: "1/sqrt(d_model)" for t in CSA_TESTS}),
+                          {t: "1/sqrt(d_model)" for t in CSA_VALUES}),
     "builtin_sdpa": (sub({"CausalSelfAttention": csa("""
             B, N, C = x.shape
             q, k, v = (t.view(B, N, self.num_heads, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=-1))
@@ -398,11 +487,7 @@ MISTAKES = {
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             return self.c_proj(y.transpose(1, 2).reshape(B, N, C)), (k, v)
         """)}), {t: "build it from scratch" for t in CSA_TESTS}),
-    "block_post_ln": (sub({"Block": block("""
-            a, present = self.attn(x, past)
-            x = self.ln_1(x + a)
-            return self.ln_2(x + self.mlp(x)), present
-        """)}), {"test_Block": "post-LN"}),
+    "block_post_ln": (sub({"Block": BLOCK_POST_LN}), {"test_Block": "post-LN"}),
     "positions_restart_with_cache": (sub({"GPT": gpt("""
             B, N = idx.shape
             x = self.wte(idx) + self.wpe(torch.arange(N))
@@ -412,18 +497,11 @@ MISTAKES = {
                 presents.append(p)
             return self.lm_head(self.ln_f(x)), presents
         """)}), {"test_GPT_cache": "restart at 0"}),
-    "nucleus_drops_crossing_token": (sub({"filter_logits": fn(FILTER_SIG, """
-            out = logits.clone()
-            if top_k is not None:
-                kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
-                out = out.masked_fill(out < kth, float("-inf"))
-            if top_p is not None:
-                sorted_logits, order = torch.sort(out, dim=-1, descending=True)
-                cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-                remove = cum > top_p
-                out = out.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), float("-inf"))
-            return out
-        """)}), {"test_filter_logits_top_p": "crosses top_p"}),
+    "positions_off_by_one": (sub({"GPT": gpt_positions("P + 1")}), {t: "positions off by one" for t in GPT_TESTS}),
+    "cached_length_from_heads_dim": (sub({"GPT": gpt_positions("(0 if past is None else past[0][0].size(1))")}),
+                                     {"test_GPT_cache": "wrong dimension"}),
+    "nucleus_drops_crossing_token": (sub({"filter_logits": NUCLEUS_DROPS_CROSSING}),
+                                     {"test_filter_logits_top_p": "crosses top_p"}),
     "checkpoint_not_transposed": (sub({"load_gpt2_weights": fn(LOAD_SIG, """
             with torch.no_grad():
                 for name, p in model.named_parameters():
@@ -431,16 +509,23 @@ MISTAKES = {
                     p.copy_(w.t() if w.shape != p.shape else w)
             return model
         """)}), {"test_load_gpt2_weights": "not transposed"}),
-    "generate_refeeds_whole_sequence_with_cache": (sub({"generate": fn(GEN_SIG, """
-            past = None
-            for _ in range(max_new_tokens):
-                if use_cache:
-                    logits, past = model(idx, past)
-                else:
-                    logits, _ = model(idx)
-                idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-            return idx
-        """)}), {"test_generate": "fed again together with the cache"}),
+    "checkpoint_errors_not_raised": (sub({"load_gpt2_weights": LOAD_WITHOUT_CHECKS}),
+                                     {"test_load_gpt2_weights": "without raising an error"}),
+    "checkpoint_error_does_not_name_the_key": (sub({"load_gpt2_weights": fn(LOAD_SIG, """
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    key = "transformer." + name.replace("blocks.", "h.")
+                    if key not in state_dict:
+                        raise KeyError("a key is missing")
+                    w = state_dict[key]
+                    p.copy_(w.t() if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else w)
+            return model
+        """)}), {"test_load_gpt2_weights": "does not name"}),
+    "top_k_larger_than_vocabulary_raises": (sub({"filter_logits": NUCLEUS_DROPS_CROSSING.replace(
+        "min(top_k, out.size(-1))", "top_k").replace("cum > top_p", "cum - torch.softmax(sorted_logits, -1) >= top_p")}),
+        {"test_filter_logits_top_k": "top_k larger than V"}),
+    "generate_refeeds_whole_sequence_with_cache": (sub({"generate": GENERATE_REFEEDS}),
+                                                   {"test_generate": "fed again together with the cache"}),
     "generate_last_token_without_cache": (sub({"generate": fn(GEN_SIG, """
             past, inp = None, idx
             for _ in range(max_new_tokens):
@@ -456,6 +541,15 @@ MISTAKES = {
 
 # ------------------------------------------------------------------ independence
 STUB_CSA = csa("raise NotImplementedError()")
+EXERCISES = {"CausalSelfAttention": CSA_TESTS, "Block": ["test_Block"], "GPT": GPT_TESTS, "filter_logits": FILTER_TESTS,
+             "generate": ["test_generate"], "load_gpt2_weights": ["test_load_gpt2_weights"]}
+
+
+def alone(exercise: str, code: str, losses: dict) -> tuple:
+    """The mistake with every other exercise left as its stub: it loses the same tests, the stubs theirs."""
+    stubs = {t: "not implemented yet" for name, tests in EXERCISES.items() if name != exercise for t in tests}
+    return sub({exercise: code}, base="stub"), {**stubs, **losses}
+
 INDEPENDENT = {
     # A broken attention costs nothing in Block, GPT or generate, which use it.
     "stub_attention_only": (sub({"CausalSelfAttention": STUB_CSA}), {t: "not implemented yet" for t in CSA_TESTS}),
@@ -465,6 +559,22 @@ INDEPENDENT = {
     "stub_gpt_only": (sub({"GPT": gpt("raise NotImplementedError()")}), {t: "not implemented yet" for t in GPT_TESTS}),
     "looping_filter": (sub({"filter_logits": fn(FILTER_SIG, "while True:\n    pass")}),
                        {t: "longer than" for t in FILTER_TESTS}),
+    "alone_mask_off_by_one": alone("CausalSelfAttention", csa_variant(mask="off_by_one"),
+                                   {t: "causal mask is off by one" for t in CSA_VALUES}),
+    "alone_cache_not_extended": alone("CausalSelfAttention", csa_variant(present="(k_new, v_new)"),
+                                      {"test_CausalSelfAttention_shapes": "the cache is not extended",
+                                       "test_CausalSelfAttention_cache": "the cache is not extended"}),
+    "alone_cache_along_heads": alone("CausalSelfAttention", csa_variant(cat="heads_dim"),
+                                     {"test_CausalSelfAttention_shapes": "along the wrong dimension",
+                                      "test_CausalSelfAttention_cache": "along the wrong dimension"}),
+    "alone_block_post_ln": alone("Block", BLOCK_POST_LN, {"test_Block": "post-LN"}),
+    "alone_positions_off_by_one": alone("GPT", gpt_positions("P + 1"), {t: "positions off by one" for t in GPT_TESTS}),
+    "alone_hf_in_place_filter": alone("filter_logits", HF_IN_PLACE_FILTER, {}),
+    "alone_nucleus_drops_crossing_token": alone("filter_logits", NUCLEUS_DROPS_CROSSING,
+                                                {"test_filter_logits_top_p": "crosses top_p"}),
+    "alone_generate_refeeds": alone("generate", GENERATE_REFEEDS, {"test_generate": "fed again together with the cache"}),
+    "alone_checkpoint_errors_not_raised": alone("load_gpt2_weights", LOAD_WITHOUT_CHECKS,
+                                                {"test_load_gpt2_weights": "without raising an error"}),
     "kernel_exits_in_generate": (sub({"generate": "import os\nos._exit(0)\n"}),
                                  {"test_generate": "did not run", "test_load_gpt2_weights": "did not run"}),
 }

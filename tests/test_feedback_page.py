@@ -1,0 +1,39 @@
+"""A test cell's verdict on the feedback page: Markdown's `code` shows as code, one reason is one
+line (no stray "- "), several are a list, and nothing in a message can inject HTML.
+
+The whole page, made by nbgrader from a real grading run, is checked in test_classroom.py and
+test_chinese_edition.py; here only the verdict's own rendering, which needs no kernel.
+"""
+from __future__ import annotations
+
+from autograder.feedback import as_html, verdict_output
+from autograder.messages import msg
+from autograder.verdicts import TestOutcome
+
+
+def outcome(*problems, score=0.0):
+    return TestOutcome("test_GPT_cache", "GPT", 2.0, score, list(problems))
+
+
+def test_backticks_become_code_and_one_reason_is_one_line():
+    reason = msg("`{target}`: {what} from the reference", target="GPT", what=msg("`{name}` differs", name="logits"))
+    html = verdict_output(outcome(reason), "en").data["text/html"]
+    assert "<code>GPT</code>: <code>logits</code> differs from the reference" in html, html
+    assert "`" not in html and "- " not in html and "<li>" not in html, html
+
+
+def test_several_reasons_are_a_list():
+    out = verdict_output(outcome("first `a`", "second"), "en")
+    html, plain = out.data["text/html"], out.data["text/plain"]
+    assert "<ul><li>first <code>a</code></li><li>second</li></ul>" in html, html
+    assert plain.splitlines()[1:] == ["- first `a`", "- second"], plain
+
+
+def test_passed_and_escaped():
+    assert "passed" in verdict_output(outcome(score=2.0), "en").data["text/html"]
+    assert as_html("a <script> & `x < y`") == "a &lt;script&gt; &amp; <code>x &lt; y</code>"
+
+
+def test_told_in_chinese():
+    html = verdict_output(outcome(score=2.0), "zh_CN").data["text/html"]
+    assert "通过</p>" in html and "passed</p>" not in html, html
