@@ -272,11 +272,22 @@ def class_cells(submitted: Path, chapter: str, students: list[str] | None = None
     return out
 
 
-def chapter_pairs(course: Path, chapter: str, threshold: float = THRESHOLD, with_reference: bool = True):
-    """Rank one chapter of a course folder: submissions, stubs of the learner notebook, the reference."""
+def stubs(chapter: str) -> dict[str, str]:
+    """exercise -> the released stub (the learner notebook's answer cell)."""
     from coursekit import conventions as C
+    return answer_cells(C.learner_notebook(chapter))
+
+
+def reference(chapter: str) -> dict[str, str] | None:
+    """exercise -> the reference solution (instructor-only; read in the grader's process), if known."""
     from coursekit.sample_submissions import reference_answers
-    cells = class_cells(Path(course) / "submitted", chapter)
-    base = answer_cells(C.learner_notebook(chapter))
-    reference = reference_answers(chapter) if with_reference else None
-    return rank(chapter, cells, base, reference, threshold)
+    try:
+        return reference_answers(chapter)
+    except (OSError, ImportError, ValueError):
+        return None
+
+
+def chapter_pairs(course: Path, chapter: str, threshold: float = THRESHOLD):
+    """Rank one chapter of a course folder: its submissions, against each other and the reference."""
+    return rank(chapter, class_cells(Path(course) / "submitted", chapter), stubs(chapter), reference(chapter),
+                threshold)
