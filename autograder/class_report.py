@@ -232,6 +232,8 @@ th{background:#f2f2f2}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .pair{display:grid;grid-template-columns:1fr 1fr;gap:.5rem;margin:.3rem 0 1.2rem}
 .pair pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;margin:0;overflow-x:auto;font-size:.8rem}
 .pair h4{margin:.2rem 0;font-size:.9rem}
+.group{background:#fff4e0;border-left:4px solid #e0a030;padding:.3rem .6rem}
+details pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;font-size:.8rem;overflow-x:auto}
 """
 
 
@@ -346,6 +348,24 @@ def report_rows(report: Report) -> list[list]:
     return rows
 
 
+def same_code_groups(pairs) -> list[list[str]]:
+    """Groups of cells that are the same code up to names, comments and order (score 1), largest first."""
+    parent: dict[str, str] = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for p in pairs:
+        if p.score >= 0.999:
+            parent[root(p.a)] = root(p.b)
+    groups = defaultdict(list)
+    for name in parent:
+        groups[root(name)].append(name)
+    return sorted((sorted(g) for g in groups.values() if len(g) > 2), key=lambda g: (-len(g), g))
+
+
 def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: float, folder_name: str) -> str:
     parts = [f"<h1>Similar answer cells: {_e(folder_name)}</h1>",
              "<p class='note'>This page ranks pairs of answer cells for a person to read; it accuses no one. "
@@ -367,6 +387,15 @@ def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: f
                              for x, s in stats.items()], numeric={1, 2, 3, 4}, cls="similarity-summary"))
         for exercise, listed in by_exercise.items():
             parts.append(f"<h3>{_e(exercise)}</h3>")
+            groups = same_code_groups(listed)
+            for members in groups:
+                first = next(p for p in listed if p.a == members[0] and p.b in members or p.b == members[0])
+                source = first.source_a if first.a == members[0] else first.source_b
+                parts.append(f"<p class='group'><b>The same code</b> (score 1.00) in {len(members)} cells: "
+                             f"{_e(', '.join(members))}.</p><details><summary>{_e(members[0])}'s cell</summary>"
+                             f"<pre>{_e(source)}</pre></details>")
+            grouped = {m: i for i, g in enumerate(groups) for m in g}
+            listed = [p for p in listed if p.a not in grouped or grouped.get(p.a) != grouped.get(p.b)]
             for p in listed[:SHOWN_PAIRS]:
                 parts.append(f"<div class='pair'><h4>{_e(p.a)}</h4><h4>{_e(p.b)} &mdash; score {p.score:.2f} "
                              f"(tokens {p.tokens:.2f}, statements {p.statements:.2f})</h4>"
