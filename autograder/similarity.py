@@ -235,10 +235,12 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
         stub = fingerprint(base[exercise]) if exercise in base else None
         names, sources, fps = [], [], []
         skipped = 0
+        seen: dict[str, Fingerprint] = {}  # a class has many identical cells: fingerprint each text once
         for name, answers in sorted(people.items()):
             if exercise not in answers:
                 continue
-            fp = fingerprint(answers[exercise], stub)
+            text = answers[exercise]
+            fp = seen.get(text) or seen.setdefault(text, fingerprint(text, stub))
             if len(fp.tokens) < MIN_FINGERPRINTS:
                 skipped += 1  # an untouched stub, or too short to tell copying from agreeing
                 continue
