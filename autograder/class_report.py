@@ -388,12 +388,23 @@ def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: f
         for exercise, listed in by_exercise.items():
             parts.append(f"<h3>{_e(exercise)}</h3>")
             groups = same_code_groups(listed)
+            cell = {}
+            for p in listed:
+                cell.setdefault(p.a, p.source_a)
+                cell.setdefault(p.b, p.source_b)
             for members in groups:
-                first = next(p for p in listed if p.a == members[0] and p.b in members or p.b == members[0])
-                source = first.source_a if first.a == members[0] else first.source_b
+                first = members[0]
                 parts.append(f"<p class='group'><b>The same code</b> (score 1.00) in {len(members)} cells: "
-                             f"{_e(', '.join(members))}.</p><details><summary>{_e(members[0])}'s cell</summary>"
-                             f"<pre>{_e(source)}</pre></details>")
+                             f"{_e(', '.join(members))}.</p><details><summary>{_e(first)}'s cell</summary>"
+                             f"<pre>{_e(cell[first])}</pre></details>")
+                variants = defaultdict(list)  # the same code written differently: beside the first
+                for m in members[1:]:
+                    if cell[m] != cell[first]:
+                        variants[cell[m]].append(m)
+                for text, who in list(variants.items())[:SHOWN_PAIRS]:
+                    parts.append(f"<div class='pair'><h4>{_e(first)}</h4><h4>{_e(', '.join(who))} &mdash; "
+                                 f"the same code written differently</h4>"
+                                 f"<pre>{_e(cell[first])}</pre><pre>{_e(text)}</pre></div>")
             grouped = {m: i for i, g in enumerate(groups) for m in g}
             listed = [p for p in listed if p.a not in grouped or grouped.get(p.a) != grouped.get(p.b)]
             for p in listed[:SHOWN_PAIRS]:

@@ -1,6 +1,6 @@
 """Time the class report and the similarity report for a large class of one chapter.
 
-    .venv/bin/python benchmarks/class_report_scale.py [--submissions 500] [--no-gradebook] [--json]
+    .venv/bin/python benchmarks/class_report_scale.py [--submissions 500] [--no-gradebook] [--json] [--keep DIR]
 
 Makes N synthetic Chapter 2 submissions without grading them: notebooks whose answer
 cells are the reference, disguised copies of it (renamed, reordered, recommented), the
@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--no-gradebook", action="store_true",
                         help="skip the nbgrader gradebook (scores then read as 0; tables and similarity still timed)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--keep", type=Path, help="copy the synthetic class with its reports to this folder")
     args = parser.parse_args()
     import os
     import warnings
@@ -166,6 +167,9 @@ def main() -> None:
         if not args.no_gradebook:  # the report's scores are the gradebook's, which are the ledger's
             shown = result["report"].scores[CHAPTER]
             assert shown == {s: sum(t.values()) for s, t in scores.items()}, "report and gradebook differ"
+        if args.keep:
+            import shutil
+            shutil.copytree(course, args.keep, dirs_exist_ok=True)
         pairs = [p for ps in result["pairs"].values() for p in ps]
         copies = sum(p.a == "(reference solution)" for p in pairs)
         t = result["timings"]
