@@ -187,11 +187,21 @@ def _strip_comments(source: str) -> str:
     return tokenize.untokenize(out)
 
 
+def padded(source: str) -> str:
+    """A statement of no use added at the start of every function (what a copier adds to look different)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body.insert(0, ast.parse("debug_steps = []").body[0])
+    return ast.unparse(tree) + "\n"
+
+
 DISGUISES = {
     "renamed": renamed,
     "reordered": reordered,
     "recommented": recommented,
     "all three": lambda s: recommented(reordered(renamed(s))),
+    "all three and a line added": lambda s: recommented(reordered(renamed(padded(s)))),
 }
 
 

@@ -149,25 +149,30 @@ def test_similarity_finds_copies_of_the_reference(graded):
     _, course, _, _ = graded
     with open(course / "class-similarity.csv") as f:
         pairs = list(csv.DictReader(f))
-    with_reference = {(p["exercise"], p["b"]) for p in pairs if p["a"] == "(reference solution)"}
+    with_reference = {(p["exercise"], p["b"]): float(p["score"]) for p in pairs if p["a"] == "(reference solution)"}
     # ada is the reference; ben and cleo copy it except the exercises they got wrong; dan is a stub
     exercises = ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAttention")
-    assert {(x, "ada") for x in exercises} <= with_reference
-    assert ("scaled_dot_product_attention", "ben") not in with_reference
+    assert all(with_reference[(x, "ada")] == 1.0 for x in exercises)
+    assert with_reference[("SelfAttention", "ben")] == 1.0
+    assert 0.6 <= with_reference[("scaled_dot_product_attention", "ben")] < 0.9  # the reference less a division
+    assert ("causal_mask", "ben") not in with_reference  # his own (wrong) one-liner
     assert not any("dan" in (p["a"], p["b"]) for p in pairs)  # untouched stubs are never "similar"
     page = (course / "class-similarity.html").read_text()
     assert "accuses no one" in page and "The same code" in page
 
 
 def test_detection_and_false_positive_rates():
-    """Measured on disguised copies and independent solutions (coursekit.similarity_variants):
-    at the default threshold 0.75, 32 of 32 disguised copies found, 0 of 120 independent pairs."""
+    """Measured on disguised copies and independent solutions (coursekit.similarity_variants), at the
+    default threshold 0.6: 40 of 40 disguised copies found (the lowest scores 0.60: causal_mask with a
+    useless line added), 0 of 144 pairs with an independent solution (the highest scores 0.54)."""
     from autograder.similarity import THRESHOLD
     from coursekit.similarity_variants import measure
     result = measure(THRESHOLD)
-    assert result["copies"] == 32 and result["independent_pairs"] >= 100
+    assert result["copies"] == 40 and result["independent_pairs"] >= 140
     assert result["detection_rate"] >= 0.95, result["missed"]
     assert result["false_positive_rate"] <= 0.02, result["false"]
+    stricter = measure(0.75)  # a stricter threshold misses copies with a line added, never plain ones
+    assert all(m[1].endswith("a line added") for m in stricter["missed"]) and stricter["false_positives"] == 0
 
 
 def test_disguises_keep_the_fingerprints():
@@ -179,7 +184,10 @@ def test_disguises_keep_the_fingerprints():
         disguised = how(source)
         assert disguised != source
         pairs, _ = S.rank(CHAPTER, {"x": {"e": source}, "y": {"e": disguised}}, threshold=0.0)
-        assert pairs[0].score == pytest.approx(1.0), name
+        if name.endswith("a line added"):
+            assert 0.6 <= pairs[0].score < 1.0, name
+        else:
+            assert pairs[0].score == pytest.approx(1.0), name  # names, comments and order are invisible
 
 
 def _mapping(path: Path, students) -> Path:
