@@ -172,6 +172,7 @@ def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> in
             _store(target, entry)
             count += 1
         if shard != target:
+            (target / class_report.RUNS).parent.mkdir(parents=True, exist_ok=True)  # a shard may be empty
             with open(target / class_report.RUNS, "a") as f:  # the shards' runs, for the report
                 for run in class_report.runs(shard):
                     f.write(json.dumps(run) + "\n")
