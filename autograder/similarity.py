@@ -91,7 +91,7 @@ def tokens(source: str) -> list[str]:
                 text = tok.string if keyword.iskeyword(tok.string) or previous == "." else "V"
             elif tok.type == tokenize.NUMBER:
                 text = "N"
-            elif tok.type == tokenize.STRING or tok.type >= 60 and "FSTRING" in tokenize.tok_name.get(tok.type, ""):
+            elif tok.type == tokenize.STRING or tokenize.tok_name.get(tok.type, "").startswith("FSTRING"):
                 text = "S"
             elif tok.type in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE):
                 text = tokenize.tok_name[tok.type]

@@ -9,9 +9,7 @@ as different learners would.
 from __future__ import annotations
 
 import ast
-import io
 import itertools
-import tokenize
 
 CHAPTER = "02_self_attention"
 
@@ -177,14 +175,6 @@ def recommented(source: str) -> str:
             lines.append(f"{indent}# my own step {i}: see the lecture notes")
         lines.append(line + ("  # checked" if i % 3 == 0 else ""))
     return "\n".join(lines) + "\n"
-
-
-def _strip_comments(source: str) -> str:
-    out = []
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type != tokenize.COMMENT:
-            out.append(tok)
-    return tokenize.untokenize(out)
 
 
 def padded(source: str) -> str:
