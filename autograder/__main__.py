@@ -1,7 +1,7 @@
 """Command line.
 
     python -m autograder grade NOTEBOOK.ipynb [--json]          one submission
-    python -m autograder release|collect|grade-class|merge|export  a whole class
+    python -m autograder release|collect|grade-class|merge|export|report  a whole class
 """
 from __future__ import annotations
 
@@ -48,8 +48,20 @@ def main(argv=None) -> int:
     mer = sub.add_parser("merge", help="combine shard results into one gradebook and CSVs")
     mer.add_argument("shards", nargs="+", type=Path)
     mer.add_argument("--into", type=Path, required=True)
-    exp = sub.add_parser("export", help="write class-grades.csv and class-exercises.csv")
+    exp = sub.add_parser("export", help="write class-grades.csv and class-exercises.csv, or an LMS's grades")
     exp.add_argument("--course", type=Path, required=True)
+    exp.add_argument("--format", choices=("csv", "canvas", "moodle"), default="csv",
+                     help="csv: the class CSVs; canvas/moodle: that LMS's gradebook import CSV")
+    exp.add_argument("--students", type=Path,
+                     help="CSV mapping the course's student ids (column 'student') to the LMS's")
+    exp.add_argument("--assignment-id", action="append", default=[], metavar="CHAPTER=ID",
+                     help="Canvas assignment id of a chapter (column 'CHAPTER (ID)'); repeatable")
+    exp.add_argument("--out", type=Path, help="the LMS file (default COURSE/canvas-grades.csv or moodle-grades.csv)")
+    rep = sub.add_parser("report", help="write the class report and the similarity report")
+    rep.add_argument("--course", type=Path, required=True, help="course folder or a results folder (--out)")
+    rep.add_argument("--submitted", type=Path,
+                     help="submitted/ folder for the answer cells (default COURSE/submitted)")
+    rep.add_argument("--threshold", type=float, help="list pairs of answer cells at least this similar (0-1)")
     args = parser.parse_args(argv)
     if args.command != "grade":
         return _class_command(args)
@@ -158,7 +170,8 @@ def _run_class_command(args) -> int:
         shown = args.out or args.course
         print(f"{summary['graded']} graded, {summary['failed']} could not be graded, "
               f"{summary['skipped']} already graded; gradebook {shown / 'gradebook.db'}, "
-              f"{shown / CLASS_GRADES}, {shown / CLASS_EXERCISES}, feedback in {shown / 'feedback'}")
+              f"{shown / CLASS_GRADES}, {shown / CLASS_EXERCISES}, feedback in {shown / 'feedback'}, "
+              f"class report {shown / 'class-report.html'}")
     elif args.command == "merge":
         into = class_folder(args.into, "--into")
         shards = [existing_folder(s, "merge: shard folder") for s in args.shards]
@@ -168,14 +181,43 @@ def _run_class_command(args) -> int:
                                  "give the --out folders of grade-class")
         from . import classroom
         count = classroom.merge(into, shards)
-        print(f"merged {count} submission(s) into {args.into}")
+        print(f"merged {count} submission(s) into {args.into}; class report {args.into / 'class-report.html'}")
     elif args.command == "export":
         course = class_folder(args.course)
         if not (course / LEDGER).is_file():
             raise ValueError(f"export --course {args.course}: nothing graded there yet (no {LEDGER}); "
                              "run grade-class first")
-        from .export import export
-        for path in export(course):
+        if args.format == "csv":
+            from .export import export
+            for path in export(course):
+                print(path)
+            return 0
+        if args.students is None:
+            raise ValueError(f"export --format {args.format}: give --students FILE.csv, mapping the course's "
+                             "student ids (column 'student') to the LMS's")
+        if not args.students.is_file():
+            raise ValueError(f"--students {args.students}: no such file")
+        ids = {}
+        for item in args.assignment_id:
+            chapter, eq, number = item.partition("=")
+            if not (eq and chapter and number):
+                raise ValueError(f"--assignment-id {item}: takes CHAPTER=ID, e.g. 02_self_attention=1234")
+            ids[chapter] = number
+        from .lms import export_lms
+        print(export_lms(course, args.format, args.students, args.out, ids))
+    elif args.command == "report":
+        course = class_folder(args.course)
+        if not (course / LEDGER).is_file():
+            raise ValueError(f"report --course {args.course}: nothing graded there yet (no {LEDGER}); "
+                             "run grade-class first")
+        if args.threshold is not None and not 0 < args.threshold <= 1:
+            raise ValueError(f"--threshold {args.threshold}: takes a number in (0, 1]")
+        submitted = args.submitted if args.submitted else course / "submitted"
+        if args.submitted and not submitted.is_dir():
+            raise ValueError(f"--submitted {args.submitted}: no such folder")
+        from .class_report import write
+        result = write(course, submitted, args.threshold)
+        for path in result["files"]:
             print(path)
     return 0
 

@@ -9,7 +9,10 @@ A class lives in an nbgrader course folder (the sqlite gradebook is the record):
       gradebook.db                             nbgrader gradebook (scores per test cell)
       feedback/<student>/<chapter>/<chapter>.html
       class-grades.csv, class-exercises.csv    exports (grades.csv is left to `nbgrader export`)
+      class-report.html/.csv                   the class report (``class_report``)
+      class-similarity.html/.csv               similar answer cells (``similarity``)
       .grading/ledger.jsonl                    one line per graded submission (resume, reasons)
+      .grading/runs.jsonl                      one line per grade-class run (time, throughput)
 
 Worker processes (``workers``) grade one submission each in a private scratch course
 and send back the outcome; only this process writes the gradebook, so nothing is shared
@@ -18,6 +21,7 @@ between submissions and an interrupted run leaves every committed grade intact.
 from __future__ import annotations
 
 import html
+import json
 import os
 import shutil
 import sys
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from coursekit.nbgrader_course import gradebook
 
+from . import class_report
 from .chapters import ChapterInfo, known
 from .collect import in_shard, submissions
 from .export import export
@@ -100,6 +105,7 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
     """Grade every submission under COURSE/submitted; results go to OUT (default COURSE)."""
     if sandboxed:
         bubblewrap()  # one line now, rather than the same failure for every submission
+    started = time.time()
     course = class_folder(course)
     out = class_folder(out, "--out") if out else course
     out.mkdir(parents=True, exist_ok=True)
@@ -136,13 +142,19 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
         pool.close()
         shutil.rmtree(out / ".incoming", ignore_errors=True)
     export(out)
+    class_report.record_run(out, started, summary, workers or os.cpu_count() or 1, shard)
+    class_report.write(out, course / "submitted")
     return summary
 
 
-def merge(target: Path, shards: list[Path]) -> int:
-    """Combine shard results (gradebooks, feedback, ledgers) into TARGET."""
+def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> int:
+    """Combine shard results (gradebooks, feedback, ledgers, runs) into TARGET, then its report.
+
+    The report's similarity reads answer cells from SUBMITTED (default TARGET/submitted).
+    """
     infos = known()
     target = class_folder(target, "--into")
+    submitted = Path(submitted) if submitted else target / "submitted"
     count = 0
     for shard in map(Path.resolve, map(Path, shards)):
         entries = Ledger(shard).entries()
@@ -159,7 +171,13 @@ def merge(target: Path, shards: list[Path]) -> int:
                 install_mathjax(target / "feedback")
             _store(target, entry)
             count += 1
+        if shard != target:
+            (target / class_report.RUNS).parent.mkdir(parents=True, exist_ok=True)  # a shard may be empty
+            with open(target / class_report.RUNS, "a") as f:  # the shards' runs, for the report
+                for run in class_report.runs(shard):
+                    f.write(json.dumps(run) + "\n")
     export(target)
+    class_report.write(target, submitted)
     return count
 
 

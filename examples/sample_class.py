@@ -4,11 +4,13 @@
 
 OUT_FOLDER/submitted/<student>/02_self_attention/02_self_attention.ipynb is the layout
 nbgrader's exchange gives; OUT_FOLDER/lms-download/<student>.ipynb is a flat folder as an
-LMS gives. The submissions are made from the learner notebook and the reference, so
+LMS gives; OUT_FOLDER/student-ids.csv maps the students to made-up Canvas and Moodle
+ids. The submissions are made from the learner notebook and the reference, so
 this script (like the reference) is for instructors only.
 """
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -78,6 +80,15 @@ def main(out: Path) -> None:
     (out / "lms-download").mkdir(parents=True, exist_ok=True)
     for student, text in lms.items():
         (out / "lms-download" / f"{student}.ipynb").write_text(text)
+    ids = out / "student-ids.csv"  # the class's ids -> an LMS's (Canvas and Moodle columns), made up
+    with open(ids, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Email address",
+                         "ID number", "First name", "Last name"])
+        for number, student in enumerate(sorted({**nbgrader_layout, **lms}), start=1):
+            writer.writerow([student, f"{student.title()} Example", 1000 + number, f"S{number:04d}",
+                             f"{student}@example.edu", "Section 1", f"{student}@example.edu", f"S{number:04d}",
+                             student.title(), "Example"])
     print(f"sample class written to {out}: {len(nbgrader_layout)} in nbgrader layout, {len(lms)} flat")
 
 

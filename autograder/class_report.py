@@ -1,0 +1,461 @@
+"""The class report: what a class run found, as tables, one self-contained HTML page and a CSV.
+
+Read from what the class run stores: scores from the gradebook (``gradebook.db``, the
+record), per-exercise feedback lines and reasons from the ledger
+(``.grading/ledger.jsonl``), run times from ``.grading/runs.jsonl``, and answer cells from
+the submitted notebooks (for the similarity page, ``similarity``).
+
+    class-report.html      score distribution per chapter, pass rate per exercise and per
+                           hidden test, the most common named mistakes and who made them,
+                           submissions that could not be graded and why, the runs' times
+    class-report.csv       the same tables, long form (table, chapter, item, value, of, detail)
+    class-similarity.html  per exercise, the most similar pairs of answer cells side by side
+    class-similarity.csv   every pair at or above the threshold, with its scores
+
+The pages are for the instructor (English), offline: figures are PNG data URIs drawn
+with matplotlib, the CSS is inline and there is no script.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import re
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .ledger import Ledger
+
+REPORT_HTML, REPORT_CSV = "class-report.html", "class-report.csv"
+SIMILARITY_HTML, SIMILARITY_CSV = "class-similarity.html", "class-similarity.csv"
+RUNS = Path(".grading") / "runs.jsonl"
+SHOWN_PAIRS = 25  # per exercise on the page; the CSV has them all
+
+_LINE = re.compile(r"^(?P<test>[\w.]+) \((?P<got>[\d.]+)/(?P<max>[\d.]+)\): (?P<message>.*)$")
+
+
+def mistake_of(message: str) -> str:
+    """A feedback message without its trailing note of which case failed: "scores not scaled by
+    1/sqrt(d_k) (batch dims (), N_q=4)" -> "scores not scaled by 1/sqrt(d_k)"."""
+    text = message.rstrip()
+    if not text.endswith(")"):
+        return text
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[:i].rstrip() if i > 0 and text[i - 1] == " " and text[:i].strip() else text
+    return text
+
+
+def record_run(folder: Path, started: float, summary: dict, workers: int, shard=None) -> None:
+    """One line per grade-class run: when, how long, how many (for the report's throughput)."""
+    path = Path(folder) / RUNS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "seconds": round(time.time() - started, 2), "graded": summary["graded"],
+            "failed": summary["failed"], "skipped": summary["skipped"], "workers": workers,
+            "shard": f"{shard[0]}/{shard[1]}" if shard else ""}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def runs(folder: Path) -> list[dict]:
+    """The runs recorded in FOLDER (a shard merged twice is counted once)."""
+    path = Path(folder) / RUNS
+    out, seen = [], set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                run = json.loads(line)
+            except ValueError:
+                continue
+            key = json.dumps(run, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(run)
+    return out
+
+
+@dataclass
+class Report:
+    chapters: list[str] = field(default_factory=list)
+    scores: dict = field(default_factory=dict)        # chapter -> {student: score} (gradebook)
+    max_score: dict = field(default_factory=dict)     # chapter -> points
+    exercises: dict = field(default_factory=dict)     # chapter -> {exercise: [full, graded, points, max]}
+    tests: dict = field(default_factory=dict)         # chapter -> {test: [passed, graded, points]}
+    mistakes: list = field(default_factory=list)      # (chapter, exercise, mistake, [students])
+    ungraded: list = field(default_factory=list)      # (student, chapter, reason)
+    runs: list = field(default_factory=list)
+
+
+_SCORES = """
+SELECT a.name, sa.student_id,
+       SUM(COALESCE(g.manual_score, g.auto_score, 0) + COALESCE(g.extra_credit, 0)),
+       COUNT(DISTINCT sn.id), COALESCE(SUM(DISTINCT sn.late_submission_penalty), 0)
+FROM submitted_assignment sa
+JOIN assignment a ON a.id = sa.assignment_id
+LEFT JOIN submitted_notebook sn ON sn.assignment_id = sa.id
+LEFT JOIN grade g ON g.notebook_id = sn.id
+GROUP BY sa.id
+"""
+
+
+def gradebook_scores(folder: Path, chapters) -> dict:
+    """chapter -> {student: total score} as nbgrader's gradebook computes it (manual over auto score,
+    plus extra credit, less a late penalty), read with one SQL query (nbgrader's ORM takes seconds)."""
+    import sqlite3
+    out = {c: {} for c in chapters}
+    path = Path(folder) / "gradebook.db"
+    if not path.exists():
+        return out
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for chapter, student, score, _, penalty in con.execute(_SCORES):
+            if chapter in out:
+                out[chapter][student] = max(0.0, float(score or 0) - float(penalty or 0))
+    except sqlite3.DatabaseError as err:
+        raise RuntimeError(f"the gradebook cannot be opened ({err}); is gradebook.db an nbgrader gradebook?") \
+            from None
+    finally:
+        con.close()
+    return out
+
+
+def tables(folder: Path, scores: dict | None = None) -> Report:
+    """Every table of the report, from the ledger, the gradebook (or given scores) and the runs.
+
+    Only the ledger and the gradebook are read (no notebook): the chapter's points and
+    hidden tests are those the ledger recorded, so a results folder is enough.
+    """
+    folder = Path(folder)
+    entries = Ledger(folder).entries()
+    report = Report()
+    report.chapters = sorted({e["chapter"] for e in entries.values()})
+    book = scores if scores is not None else gradebook_scores(folder, report.chapters)
+    who: dict[tuple, set] = defaultdict(set)
+    for chapter in report.chapters:
+        mine = [e for e in entries.values() if e["chapter"] == chapter]
+        report.scores[chapter] = {e["student"]: book.get(chapter, {}).get(e["student"], 0.0)
+                                  for e in sorted(mine, key=lambda e: e["student"])}
+        report.max_score[chapter] = max((e["max_score"] for e in mine), default=0)
+        report.exercises[chapter] = {}
+        # every entry names every test (0 points when it could not be graded); points from the feedback
+        points = {t: None for e in mine for t in e["tests"]}
+        for e in mine:
+            for ex in e.get("exercises", {}).values():
+                for line in ex["feedback"]:
+                    m = _LINE.match(line)
+                    if m and m["test"] in points:
+                        points[m["test"]] = float(m["max"])
+        report.tests[chapter] = {t: [0, 0, 1.0 if p is None else p] for t, p in points.items()}
+    for key in sorted(entries):
+        e = entries[key]
+        chapter = e["chapter"]
+        if e["status"] != "ok":
+            report.ungraded.append((e["student"], chapter, e.get("reason") or "no reason recorded"))
+            continue
+        for name, ex in e["exercises"].items():
+            row = report.exercises[chapter].setdefault(name, [0, 0, 0.0, ex["max_score"]])
+            row[0] += ex["score"] >= ex["max_score"]
+            row[1] += 1
+            row[2] += ex["score"]
+            for line in ex["feedback"]:
+                m = _LINE.match(line)
+                if m and float(m["got"]) < float(m["max"]):
+                    who[(chapter, name, mistake_of(m["message"]))].add(e["student"])
+        for test, score in e["tests"].items():
+            row = report.tests[chapter].setdefault(test, [0, 0, score])
+            row[0] += score >= row[2]
+            row[1] += 1
+    report.mistakes = sorted(((c, x, m, sorted(s)) for (c, x, m), s in who.items()),
+                             key=lambda r: (-len(r[3]), r[0], r[1], r[2]))
+    report.runs = runs(folder)
+    return report
+
+
+# --------------------------------------------------------------------------- figures
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _histogram(chapter: str, scores: list[float], top: float) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.2, 2.6))
+    top = top or max(scores, default=1) or 1
+    edges = [i * top / 10 for i in range(11)] if top > 10 else [i - 0.5 for i in range(int(top) + 2)]
+    ax.hist(scores, bins=edges, color="#3b6ea5", edgecolor="white")
+    ax.set_xlabel(f"score (of {top:g})")
+    ax.set_ylabel("submissions")
+    ax.set_title(chapter, fontsize=10)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    return _png(fig)
+
+
+def _bars(title: str, names: list[str], rates: list[float]) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.2, 0.35 * len(names) + 0.9))
+    ax.barh(range(len(names)), [100 * r for r in rates], color="#5b9a68")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("full marks (% of graded submissions)")
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- page and CSV
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:72rem;
+  padding:0 1rem;color:#222;line-height:1.4}
+h1{font-size:1.6rem}h2{font-size:1.3rem;border-bottom:1px solid #ccc;margin-top:2rem}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem}
+th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left;vertical-align:top}
+th{background:#f2f2f2}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.figs{display:flex;flex-wrap:wrap;gap:1rem}.figs img{border:1px solid #ddd}
+.note{color:#555;font-size:.9rem}
+.pair{display:grid;grid-template-columns:1fr 1fr;gap:.5rem;margin:.3rem 0 1.2rem}
+.pair pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;margin:0;overflow-x:auto;font-size:.8rem}
+.pair h4{margin:.2rem 0;font-size:.9rem}
+.group{background:#fff4e0;border-left:4px solid #e0a030;padding:.3rem .6rem}
+details pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;font-size:.8rem;overflow-x:auto}
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset(), cls: str = "") -> str:
+    out = [f"<table class='{cls}'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td class='n'>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
+                                    for i, v in enumerate(row)) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _pct(a, b) -> str:
+    return f"{100 * a / b:.0f}%" if b else "-"
+
+
+def _stats(values: list[float]) -> list:
+    if not values:
+        return [0, "-", "-", "-", "-"]
+    return [len(values), f"{statistics.mean(values):.2f}", f"{statistics.median(values):g}",
+            f"{min(values):g}", f"{max(values):g}"]
+
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{_e(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def report_html(report: Report, folder_name: str, similarity_summary: str = "") -> str:
+    parts = [f"<h1>Class report: {_e(folder_name)}</h1>",
+             f"<p class='note'>Written {_e(time.strftime('%Y-%m-%d %H:%M'))} from the gradebook (scores) and "
+             "the grading ledger (feedback, reasons). Pass rates count the submissions that could be graded. "
+             f"The similarity of answer cells is on <a href='{SIMILARITY_HTML}'>its own page</a>"
+             f"{_e(similarity_summary)}.</p>"]
+    parts.append("<h2 id='scores'>Score distribution per chapter</h2><div class='figs'>")
+    for chapter in report.chapters:
+        values = list(report.scores[chapter].values())
+        parts.append(f"<img alt='score histogram of {_e(chapter)}' "
+                     f"src='{_histogram(chapter, values, report.max_score[chapter])}'>")
+    parts.append("</div>")
+    parts.append(_table(["chapter", "submissions", "mean", "median", "min", "max", "of", "full marks"],
+                        [[c, *_stats(list(report.scores[c].values())), f"{report.max_score[c]:g}",
+                          sum(v >= report.max_score[c] for v in report.scores[c].values())]
+                         for c in report.chapters], numeric=set(range(1, 8)), cls="summary"))
+    parts.append("<details open><summary>Every student's score (from the gradebook)</summary>")
+    parts.append(_table(["student", *report.chapters],
+                        [[s, *[f"{report.scores[c][s]:g}" if s in report.scores[c] else "" for c in report.chapters]]
+                         for s in sorted({s for c in report.chapters for s in report.scores[c]})],
+                        numeric=set(range(1, len(report.chapters) + 1)), cls="students"))
+    parts.append("</details>")
+    parts.append("<h2 id='exercises'>Pass rate per exercise</h2><div class='figs'>")
+    for chapter in report.chapters:
+        names = list(report.exercises[chapter])
+        if names:
+            rows = report.exercises[chapter]
+            parts.append(f"<img alt='pass rate per exercise of {_e(chapter)}' "
+                         f"src='{_bars(chapter, names, [rows[n][0] / max(1, rows[n][1]) for n in names])}'>")
+    parts.append("</div>")
+    parts.append(_table(["chapter", "exercise", "full marks", "graded", "pass rate", "mean points", "of"],
+                        [[c, n, r[0], r[1], _pct(r[0], r[1]), f"{r[2] / max(1, r[1]):.2f}", f"{r[3]:g}"]
+                         for c in report.chapters for n, r in report.exercises[c].items()],
+                        numeric={2, 3, 4, 5, 6}, cls="exercises"))
+    parts.append("<h2 id='tests'>Pass rate per hidden test</h2>")
+    parts.append(_table(["chapter", "test", "points", "passed", "graded", "pass rate"],
+                        [[c, t, f"{r[2]:g}", r[0], r[1], _pct(r[0], r[1])]
+                         for c in report.chapters for t, r in report.tests[c].items()],
+                        numeric={2, 3, 4, 5}, cls="tests"))
+    parts.append("<h2 id='mistakes'>Most common named mistakes</h2>"
+                 "<p class='note'>A mistake is the message of a hidden test that lost points, without the note "
+                 "of which case it failed on; counted once per student.</p>")
+    parts.append(_table(["chapter", "exercise", "mistake", "students", "who"],
+                        [[c, x, m, len(s), ", ".join(s)] for c, x, m, s in report.mistakes],
+                        numeric={3}, cls="mistakes") if report.mistakes else "<p>None: every graded test passed.</p>")
+    parts.append("<h2 id='ungraded'>Submissions that could not be graded</h2>")
+    parts.append(_table(["student", "chapter", "why"], [list(r) for r in report.ungraded], cls="ungraded")
+                 if report.ungraded else "<p>None.</p>")
+    parts.append("<h2 id='runs'>Grading runs</h2>")
+    if report.runs:
+        parts.append(_table(["started", "shard", "workers", "graded", "could not be graded", "already graded",
+                             "seconds", "submissions per minute"],
+                            [[r["started"], r.get("shard") or "-", r.get("workers", ""), r["graded"], r["failed"],
+                              r["skipped"], f"{r['seconds']:.1f}",
+                              f"{60 * (r['graded'] + r['failed']) / r['seconds']:.1f}" if r["seconds"] else "-"]
+                             for r in report.runs], numeric={2, 3, 4, 5, 6, 7}, cls="runs"))
+    else:
+        parts.append("<p>No run recorded in this folder.</p>")
+    return _page(f"Class report: {folder_name}", "\n".join(parts))
+
+
+def report_rows(report: Report) -> list[list]:
+    """The report's tables, long form: table, chapter, item, value, of, detail."""
+    rows = []
+    for c in report.chapters:
+        for s, v in report.scores[c].items():
+            rows.append(["score", c, s, f"{v:g}", f"{report.max_score[c]:g}", ""])
+        for n, r in report.exercises[c].items():
+            rows.append(["exercise full marks", c, n, r[0], r[1], f"mean points {r[2] / max(1, r[1]):.2f} of {r[3]:g}"])
+        for t, r in report.tests[c].items():
+            rows.append(["hidden test passed", c, t, r[0], r[1], f"points {r[2]:g}"])
+    for c, x, m, s in report.mistakes:
+        rows.append(["mistake", c, f"{x}: {m}", len(s), "", " ".join(s)])
+    for s, c, why in report.ungraded:
+        rows.append(["could not be graded", c, s, "", "", why])
+    for r in report.runs:
+        rows.append(["run", r.get("shard", ""), r["started"], r["graded"] + r["failed"], r["seconds"],
+                     f"workers {r.get('workers', '')}, already graded {r['skipped']}"])
+    return rows
+
+
+def same_code_groups(pairs) -> list[list[str]]:
+    """Groups of cells that are the same code up to names, comments and order (score 1), largest first."""
+    parent: dict[str, str] = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for p in pairs:
+        if p.score >= 0.999:
+            parent[root(p.a)] = root(p.b)
+    groups = defaultdict(list)
+    for name in parent:
+        groups[root(name)].append(name)
+    return sorted((sorted(g) for g in groups.values() if len(g) > 2), key=lambda g: (-len(g), g))
+
+
+def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: float, folder_name: str) -> str:
+    parts = [f"<h1>Similar answer cells: {_e(folder_name)}</h1>",
+             "<p class='note'>This page ranks pairs of answer cells for a person to read; it accuses no one. "
+             "A high score means the two cells are the same code up to names, comments, docstrings and the "
+             "order of independent statements; short or heavily constrained exercises are alike in every "
+             f"correct answer. Pairs scoring at least {threshold:.2f} are listed (score = the larger of the "
+             "token-fingerprint and statement-multiset Dice coefficients; the released stub's own code is "
+             "left out first). <b>(reference solution)</b> is the published reference.</p>"]
+    for chapter, pairs in pairs_by_chapter.items():
+        parts.append(f"<h2>{_e(chapter)}</h2>")
+        stats = stats_by_chapter.get(chapter, {})
+        by_exercise = defaultdict(list)
+        for p in pairs:
+            by_exercise[p.exercise].append(p)
+        parts.append(_table(["exercise", "cells compared", "not ranked (stub or too short)", "pairs listed",
+                             "with the reference"],
+                            [[x, s["compared"], s["not ranked"], len(by_exercise[x]),
+                              sum(p.a == "(reference solution)" for p in by_exercise[x])]
+                             for x, s in stats.items()], numeric={1, 2, 3, 4}, cls="similarity-summary"))
+        for exercise, listed in by_exercise.items():
+            parts.append(f"<h3>{_e(exercise)}</h3>")
+            groups = same_code_groups(listed)
+            cell = {}
+            for p in listed:
+                cell.setdefault(p.a, p.source_a)
+                cell.setdefault(p.b, p.source_b)
+            for members in groups:
+                first = members[0]
+                parts.append(f"<p class='group'><b>The same code</b> (score 1.00) in {len(members)} cells: "
+                             f"{_e(', '.join(members))}.</p><details><summary>{_e(first)}'s cell</summary>"
+                             f"<pre>{_e(cell[first])}</pre></details>")
+                variants = defaultdict(list)  # the same code written differently: beside the first
+                for m in members[1:]:
+                    if cell[m] != cell[first]:
+                        variants[cell[m]].append(m)
+                for text, who in list(variants.items())[:SHOWN_PAIRS]:
+                    parts.append(f"<div class='pair'><h4>{_e(first)}</h4><h4>{_e(', '.join(who))} &mdash; "
+                                 f"the same code written differently</h4>"
+                                 f"<pre>{_e(cell[first])}</pre><pre>{_e(text)}</pre></div>")
+            grouped = {m: i for i, g in enumerate(groups) for m in g}
+            listed = [p for p in listed if p.a not in grouped or grouped.get(p.a) != grouped.get(p.b)]
+            for p in listed[:SHOWN_PAIRS]:
+                parts.append(f"<div class='pair'><h4>{_e(p.a)}</h4><h4>{_e(p.b)} &mdash; score {p.score:.2f} "
+                             f"(tokens {p.tokens:.2f}, statements {p.statements:.2f})</h4>"
+                             f"<pre>{_e(p.source_a)}</pre><pre>{_e(p.source_b)}</pre></div>")
+            if len(listed) > SHOWN_PAIRS:
+                parts.append(f"<p class='note'>{len(listed) - SHOWN_PAIRS} more pairs in {SIMILARITY_CSV}.</p>")
+    if not pairs_by_chapter:
+        parts.append("<p>No answer cells to compare.</p>")
+    return _page(f"Similar answer cells: {folder_name}", "\n".join(parts))
+
+
+def write(folder: Path, submitted: Path | None = None, threshold: float | None = None,
+          scores: dict | None = None) -> dict:
+    """Write the four files into FOLDER; answer cells come from SUBMITTED (default FOLDER/submitted)."""
+    from . import similarity
+    folder = Path(folder).resolve()
+    submitted = Path(submitted) if submitted else folder / "submitted"
+    threshold = similarity.THRESHOLD if threshold is None else threshold
+    timings = {}
+    started = time.perf_counter()
+    report = tables(folder, scores)
+    timings["tables"] = time.perf_counter() - started
+    started = time.perf_counter()
+    pairs_by_chapter, stats_by_chapter = {}, {}
+    for chapter in report.chapters:
+        students = list(report.scores[chapter])
+        cells = similarity.class_cells(submitted, chapter, students)
+        pairs, stats = similarity.rank(chapter, cells, similarity.stubs(chapter), similarity.reference(chapter),
+                                       threshold)
+        pairs_by_chapter[chapter], stats_by_chapter[chapter] = pairs, stats
+    timings["similarity"] = time.perf_counter() - started
+    started = time.perf_counter()
+    listed = sum(map(len, pairs_by_chapter.values()))
+    with_reference = sum(p.a == similarity.REFERENCE for ps in pairs_by_chapter.values() for p in ps)
+    (folder / SIMILARITY_HTML).write_text(similarity_html(pairs_by_chapter, stats_by_chapter, threshold,
+                                                          folder.name))
+    with open(folder / SIMILARITY_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["chapter", "exercise", "a", "b", "score", "tokens", "statements"])
+        for pairs in pairs_by_chapter.values():
+            for p in pairs:
+                writer.writerow([p.chapter, p.exercise, p.a, p.b, f"{p.score:.3f}", f"{p.tokens:.3f}",
+                                 f"{p.statements:.3f}"])
+    (folder / REPORT_HTML).write_text(report_html(
+        report, folder.name, f": {listed} pairs at or above {threshold:.2f}, {with_reference} with the reference"))
+    with open(folder / REPORT_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["table", "chapter", "item", "value", "of", "detail"])
+        writer.writerows(report_rows(report))
+    timings["pages"] = time.perf_counter() - started
+    return {"files": [folder / REPORT_HTML, folder / REPORT_CSV, folder / SIMILARITY_HTML, folder / SIMILARITY_CSV],
+            "timings": timings, "report": report, "pairs": pairs_by_chapter}

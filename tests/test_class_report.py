@@ -1,0 +1,265 @@
+"""The class report, the similarity report and the LMS grade files, on a small sharded class run."""
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bs4 import BeautifulSoup
+
+from conftest import ROOT
+from test_classroom import CHAPTER, EXPECTED, cli, new_course
+
+STUDENTS = {"ada", "ben", "cleo", "dan", "eve"}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Five sample submissions graded in two shards and merged (each shard writes its own report)."""
+    tmp = tmp_path_factory.mktemp("report")
+    course = new_course(tmp, students=STUDENTS)
+    shards = []
+    for index in (1, 2):
+        out = tmp / f"shard-{index}"
+        cli("grade-class", "--course", str(course), "--shard", f"{index}/2", "--out", str(out), "--workers", "1")
+        shards.append(out)
+    merged = cli("merge", *map(str, shards), "--into", str(course))
+    return tmp, course, shards, merged
+
+
+def _soup(path: Path) -> BeautifulSoup:
+    return BeautifulSoup(path.read_text(), "html.parser")
+
+
+def _rows(soup, cls):
+    table = soup.find("table", class_=cls)
+    return [[td.get_text() for td in tr.find_all("td")] for tr in table.tbody.find_all("tr")]
+
+
+def _nbgrader_scores(course: Path) -> dict[str, float]:
+    from coursekit.nbgrader_course import gradebook
+    with gradebook(course) as gb:
+        return {sub.student.id: float(sub.score) for sub in gb.assignment_submissions(CHAPTER)}
+
+
+def test_every_run_writes_the_report(graded):
+    _, course, shards, merged = graded
+    assert "class-report.html" in merged.stdout
+    for folder in (course, *shards):
+        for name in ("class-report.html", "class-report.csv", "class-similarity.html", "class-similarity.csv"):
+            assert (folder / name).is_file(), folder / name
+
+
+def test_page_numbers_are_the_gradebooks(graded):
+    _, course, _, _ = graded
+    soup = _soup(course / "class-report.html")
+    on_page = {row[0]: float(row[1]) for row in _rows(soup, "students")}
+    assert on_page == _nbgrader_scores(course) == {s: EXPECTED[s] for s in STUDENTS}
+    summary = _rows(soup, "summary")[0]
+    values = sorted(on_page.values())
+    assert summary[0] == CHAPTER and int(summary[1]) == len(STUDENTS)
+    assert float(summary[2]) == pytest.approx(sum(values) / len(values), abs=0.005)
+    assert float(summary[5]) == max(values) and float(summary[4]) == min(values)
+    assert int(summary[7]) == sum(v == 10 for v in values)
+    # the per-test pass rates are those of the ledger: ada and ben pass test_padding_mask, cleo and dan not
+    tests = {row[1]: row for row in _rows(soup, "tests")}
+    assert tests["test_padding_mask"][3:5] == ["2", "4"] and tests["test_causal_mask"][3:5] == ["2", "4"]
+    exercises = {row[1]: row for row in _rows(soup, "exercises")}
+    assert exercises["SelfAttention"][2:4] == ["3", "4"]
+    with open(course / "class-report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["item"]: float(r["value"]) for r in rows if r["table"] == "score"} == on_page
+    assert {r["item"]: int(r["value"]) for r in rows if r["table"] == "hidden test passed"}["test_padding_mask"] == 2
+
+
+def test_mistakes_ungraded_and_runs(graded):
+    _, course, _, _ = graded
+    soup = _soup(course / "class-report.html")
+    mistakes = {(row[1], row[2]): row[4] for row in _rows(soup, "mistakes")}
+    # the four tests ben failed with the same mistake on different cases count once, with his name
+    assert mistakes[("scaled_dot_product_attention", "scores not scaled by 1/sqrt(d_k)")] == "ben"
+    assert mistakes[("padding_mask", "`padding_mask` is not defined: did its cell run without errors?")] == "cleo"
+    assert mistakes[("causal_mask", "`causal_mask` is not implemented yet")] == "dan"
+    ungraded = _rows(soup, "ungraded")
+    assert [(r[0], r[1]) for r in ungraded] == [("eve", CHAPTER)] and "empty" in ungraded[0][2]
+    runs = _rows(soup, "runs")
+    assert sorted(r[1] for r in runs) == ["1/2", "2/2"]
+    assert sum(int(r[3]) + int(r[4]) for r in runs) == len(STUDENTS)
+    assert all(float(r[6]) > 0 and float(r[7]) > 0 for r in runs)
+
+
+def test_page_is_self_contained(graded):
+    _, course, _, _ = graded
+    for name in ("class-report.html", "class-similarity.html"):
+        soup = _soup(course / name)
+        assert not soup.find("script") and not soup.find("link")
+        assert all(img["src"].startswith("data:image/png;base64,") for img in soup.find_all("img"))
+    images = _soup(course / "class-report.html").find_all("img")
+    assert len(images) == 2  # the score histogram and the pass rates of the one chapter
+    for img in images:
+        assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+RENDERED = r"""
+(() => {
+  const rows = sel => [...document.querySelectorAll(`table.${sel} tbody tr`)]
+      .map(tr => [...tr.cells].map(td => td.innerText));
+  return {
+    images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),
+    students: rows("students"), summary: rows("summary"), mistakes: rows("mistakes").length,
+    width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight,
+    pairs: document.querySelectorAll(".pair, .group").length,
+  };
+})()
+"""
+
+
+def test_pages_render_in_chromium(graded):
+    from test_book import DevTools  # the same browser driver as the book's tests
+    import shutil
+    binary = shutil.which("chromium")
+    if not binary:
+        pytest.skip("chromium is not installed")
+    tmp, course, _, _ = graded
+    devtools = DevTools(binary, tmp / "profile")
+    try:
+        devtools.open((course / "class-report.html").as_uri())
+        page = devtools.evaluate(RENDERED)
+        requests = [e["params"]["request"]["url"] for e in devtools.events
+                    if e["method"] == "Network.requestWillBeSent"]
+        shot = base64.b64decode(devtools.call("Page.captureScreenshot", format="png")["data"])
+        devtools.open((course / "class-similarity.html").as_uri())
+        similarity = devtools.evaluate(RENDERED)
+    finally:
+        devtools.close()
+    assert len(page["images"]) == 2 and all(c and w > 200 and h > 100 for c, w, h in page["images"])
+    assert {r[0]: float(r[1]) for r in page["students"]} == _nbgrader_scores(course)
+    assert page["summary"][0][0] == CHAPTER and page["mistakes"] >= 5
+    assert page["width"] <= 1300  # no table runs off a laptop's screen
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
+    assert similarity["pairs"] >= 4  # ada copies the reference in every exercise
+
+
+def test_similarity_finds_copies_of_the_reference(graded):
+    _, course, _, _ = graded
+    with open(course / "class-similarity.csv") as f:
+        pairs = list(csv.DictReader(f))
+    with_reference = {(p["exercise"], p["b"]): float(p["score"]) for p in pairs if p["a"] == "(reference solution)"}
+    # ada is the reference; ben and cleo copy it except the exercises they got wrong; dan is a stub
+    exercises = ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAttention")
+    assert all(with_reference[(x, "ada")] == 1.0 for x in exercises)
+    assert with_reference[("SelfAttention", "ben")] == 1.0
+    assert 0.6 <= with_reference[("scaled_dot_product_attention", "ben")] < 0.9  # the reference less a division
+    assert ("causal_mask", "ben") not in with_reference  # his own (wrong) one-liner
+    assert not any("dan" in (p["a"], p["b"]) for p in pairs)  # untouched stubs are never "similar"
+    page = (course / "class-similarity.html").read_text()
+    assert "accuses no one" in page and "The same code" in page
+
+
+def test_detection_and_false_positive_rates():
+    """Measured on disguised copies and independent solutions (coursekit.similarity_variants), at the
+    default threshold 0.6: 40 of 40 disguised copies found (the lowest scores 0.60: causal_mask with a
+    useless line added), 0 of 144 pairs with an independent solution (the highest scores 0.54)."""
+    from autograder.similarity import THRESHOLD
+    from coursekit.similarity_variants import measure
+    result = measure(THRESHOLD)
+    assert result["copies"] == 40 and result["independent_pairs"] >= 140
+    assert result["detection_rate"] >= 0.95, result["missed"]
+    assert result["false_positive_rate"] <= 0.02, result["false"]
+    stricter = measure(0.75)  # a stricter threshold misses copies with a line added, never plain ones
+    assert all(m[1].endswith("a line added") for m in stricter["missed"]) and stricter["false_positives"] == 0
+
+
+def test_disguises_keep_the_fingerprints():
+    from autograder import similarity as S
+    from coursekit import similarity_variants as V
+    from coursekit.sample_submissions import reference_answers
+    source = reference_answers(CHAPTER)["scaled_dot_product_attention"]
+    for name, how in V.DISGUISES.items():
+        disguised = how(source)
+        assert disguised != source
+        pairs, _ = S.rank(CHAPTER, {"x": {"e": source}, "y": {"e": disguised}}, threshold=0.0)
+        if name.endswith("a line added"):
+            assert 0.6 <= pairs[0].score < 1.0, name
+        else:
+            assert pairs[0].score == pytest.approx(1.0), name  # names, comments and order are invisible
+
+
+def _mapping(path: Path, students) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Email address",
+                         "ID number"])
+        for i, s in enumerate(sorted(students)):
+            writer.writerow([s, f"{s.title()}, Test", 1000 + i, f"S{i:03}", f"{s}@uni.example", "A",
+                             f"{s}@uni.example", f"S{i:03}"])
+        writer.writerow(["zoe", "Zoe, Test", 1999, "S999", "zoe@uni.example", "B", "zoe@uni.example", "S999"])
+    return path
+
+
+def test_canvas_csv_reads_back_as_canvas_documents_it(graded):
+    tmp, course, _, _ = graded
+    mapping = _mapping(tmp / "ids.csv", STUDENTS)
+    proc = cli("export", "--course", str(course), "--format", "canvas", "--students", str(mapping),
+               "--assignment-id", f"{CHAPTER}=4711")
+    path = Path(proc.stdout.strip())
+    assert path == course / "canvas-grades.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    # Canvas: Student, ID, SIS User ID, SIS Login ID, Section, then "Assignment name (assignment id)" columns;
+    # the second row "Points Possible"; one row per student, matched by ID / SIS User ID / SIS Login ID
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", f"{CHAPTER} (4711)"]
+    assert rows[1][0] == "Points Possible" and rows[1][5] == "10"
+    by_login = {r[3]: r for r in rows[2:]}
+    assert {login.split("@")[0]: float(r[5]) for login, r in by_login.items() if r[5]} == \
+        {s: EXPECTED[s] for s in STUDENTS}
+    assert by_login["zoe@uni.example"][5] == ""  # not submitted: blank, which Canvas leaves alone
+    assert by_login["ada@uni.example"][:3] == ["Ada, Test", "1000", "S000"]
+
+
+def test_moodle_csv(graded):
+    tmp, course, _, _ = graded
+    mapping = _mapping(tmp / "ids-moodle.csv", STUDENTS)
+    out = tmp / "moodle.csv"
+    cli("export", "--course", str(course), "--format", "moodle", "--students", str(mapping), "--out", str(out))
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        assert "Email address" in reader.fieldnames and "ID number" in reader.fieldnames
+        assert reader.fieldnames[-1] == CHAPTER  # one column per grade item
+        rows = list(reader)
+    assert {r["Email address"].split("@")[0]: float(r[CHAPTER]) for r in rows if r[CHAPTER]} == \
+        {s: EXPECTED[s] for s in STUDENTS}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["report", "--course", "{tmp}/none"], "nothing graded there yet"),
+    (["report", "--course", "{course}", "--threshold", "2"], "--threshold 2.0: takes a number in (0, 1]"),
+    (["report", "--course", "{course}", "--submitted", "{tmp}/missing"], "no such folder"),
+    (["export", "--course", "{course}", "--format", "canvas"], "give --students FILE.csv"),
+    (["export", "--course", "{course}", "--format", "canvas", "--students", "{tmp}/missing.csv"], "no such file"),
+    (["export", "--course", "{course}", "--format", "moodle", "--students", "{tmp}/partial.csv"],
+     "no row for 4 graded student(s)"),
+    (["export", "--course", "{course}", "--format", "canvas", "--students", "{tmp}/partial.csv",
+      "--assignment-id", "4711"], "takes CHAPTER=ID"),
+], ids=lambda v: " ".join(v[:4]) if isinstance(v, list) else None)
+def test_errors_are_one_line(graded, args, message):
+    tmp, course, _, _ = graded
+    _mapping(tmp / "partial.csv", {"ada"})
+    (tmp / "none").mkdir(exist_ok=True)
+    proc = cli(*[a.replace("{tmp}", str(tmp)).replace("{course}", str(course)) for a in args], check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert message in lines[0]
+
+
+def test_benchmark_script_runs_small():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "class_report_scale.py"), "--submissions", "40",
+                           "--no-gradebook", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["submissions"] == 40 and result["report_seconds"] > 0 and result["copies_found"] >= 1
