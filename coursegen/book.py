@@ -42,7 +42,8 @@ STAGE = BUILD / "src"
 EXEC_CACHE = BUILD / "executed"
 HTML = BUILD / "html"
 BOOK_PAGES = ("intro.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
-BOOK_DATA = ("_toc.yml", "locales/glossary.csv")
+BOOK_DATA = ("_toc.yml", "locales/glossary.csv", "docs/images/class-report.png",  # images: the README's
+             "docs/images/class-similarity.png")
 # The words of the link to the other edition, in that edition's language.
 EDITION_NAMES = {SOURCE_LANGUAGE: "English", "zh_CN": "中文"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
