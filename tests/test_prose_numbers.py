@@ -139,8 +139,12 @@ COINCIDENCES = {
     ("06_efficient_attention", "128"): "sizes the text sets (128 MiB, a window radius, a head width); "
                                        "the glued window_layers happens to be 128 too",
     ("06_efficient_attention", "0.25"): "the Performer scale the text sets; the glued lsh_plain4_90 rounds to it",
-    ("07_gpt", "11"): "a position in a question's answer; the glued speedup_big (a timing) was 11 in one run",
+    ("04_positional_encoding", "32"): "d_model = 32, which the text sets; the glued rope_until (a measured "
+                                      "length) is 32 too",
 }
+# Timings change from run to run (and machine to machine): a typed number that equals one is chance,
+# and judging them would make this test fail on some runs and pass on others.
+TIMING = re.compile(r"seconds|_ms(_|$)|time|speedup|exponent|vs_sdpa")
 
 
 def glued_numbers(nb) -> dict[str, float]:
@@ -157,7 +161,7 @@ def glued_numbers(nb) -> dict[str, float]:
                 value = float(value.replace(",", ""))
             except ValueError:
                 continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value and not TIMING.search(name):
             values[name] = float(value)
     return values
 
