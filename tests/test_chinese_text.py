@@ -16,6 +16,7 @@ import ast
 import io
 import re
 import tokenize
+import unicodedata
 
 import nbformat
 import pytest
@@ -204,6 +205,42 @@ EVERYDAY = {"tensor", "shape", "batch", "matrix", "dimension", "parameter", "tra
 
 def _prose(domain: str) -> list[str]:
     return [m.string for m in catalogs.read(domain, LANGUAGE) if m.id and m.string and "markdown" in m.auto_comments]
+
+
+def _broken_bold(text: str) -> list[str]:
+    """``**`` runs CommonMark will not read as bold, as excerpts.
+
+    A run opens only when left-flanking and closes only when right-flanking; full-width
+    punctuation counts as punctuation, so ``**缓存（cache）**让`` stays literal asterisks
+    on the page (the closing run sits between punctuation and a Han character).
+    """
+    def punct(c):
+        return c != "" and unicodedata.category(c)[0] in "PS"
+
+    def space(c):
+        return c == "" or c.isspace()
+    text = re.sub(r"`[^`]*`|\$[^$]*\$", lambda m: "x" * len(m.group()), text)  # code and math hold no markup
+    broken, opening = [], True
+    for run in re.finditer(r"\*\*", text):
+        before = text[run.start() - 1] if run.start() else ""
+        after = text[run.end()] if run.end() < len(text) else ""
+        left = not space(after) and (not punct(after) or space(before) or punct(before))
+        right = not space(before) and (not punct(before) or space(after) or punct(after))
+        if not (left if opening else right):
+            broken.append(text[max(0, run.start() - 12):run.end() + 12])
+        opening = not opening
+    return broken
+
+
+def test_the_bold_check_finds_what_commonmark_leaves_literal():
+    assert _broken_bold("借助**KV 缓存（key/value cache）**让生成变快") == ["value cache）**让生成变快"]
+    assert _broken_bold("借助 **KV 缓存**（key/value cache）让生成变快，`a ** b`") == []
+
+
+@pytest.mark.parametrize("domain", [f"chapters/{c}" for c in CHAPTERS] + [catalogs.FRONT_MATTER])
+def test_bold_in_translated_prose_renders_as_bold(domain):
+    broken = [excerpt for text in _prose(domain) for excerpt in _broken_bold(text)]
+    assert not broken, f"{domain}: `**` that the page shows as asterisks (move the punctuation out of the bold): {broken}"
 
 
 @pytest.mark.parametrize("domain", [f"chapters/{c}" for c in CHAPTERS] + [catalogs.FRONT_MATTER])
