@@ -17,7 +17,6 @@ computed here, in a process that never ran submitted code.
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import hashlib
 import inspect
@@ -27,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .messages import from_tests, msg
+from .sandboxed.wire import ModelArg, ModuleState
 
 # Built-ins that solve a from-scratch exercise; the message says why it earns nothing.
 ATTENTION_BUILTINS = {
@@ -78,31 +78,6 @@ class Probe:
     # from the kernel's record (``attn_probe``: one {"method", "rows"} per call of encode, decode,
     # forward or out); run on passing values, as ``checks`` are
     call_checks: tuple = ()
-
-
-@dataclasses.dataclass
-class ModelArg:
-    """A module argument: the reference class ``name`` with given parameters, built again in the kernel."""
-    name: str
-    init: dict
-    state: dict  # parameter name -> tensor
-    dtype: str | None
-    module: torch.nn.Module  # the reference-built module (copied for every use in the judge)
-
-    def fresh(self) -> torch.nn.Module:
-        return copy.deepcopy(self.module)
-
-
-class ModuleState:
-    """A module as the judge sees it: its class name and its state dict (parameters and buffers)."""
-
-    def __init__(self, type_name: str, state: dict):
-        self.type_name, self.state = type_name, state
-        self.description = f"a {type_name} module"
-
-    @classmethod
-    def of(cls, module: torch.nn.Module) -> "ModuleState":
-        return cls(type(module).__name__, {k: v.detach().clone() for k, v in module.state_dict().items()})
 
 
 class Builder:
@@ -342,7 +317,7 @@ def describe(value) -> str:
                    shape=tuple(value.shape))
     if isinstance(value, tuple):
         return msg("a tuple of {count}", count=len(value))
-    return getattr(value, "description", type(value).__name__)  # transfer.Foreign says what it was
+    return getattr(value, "description", type(value).__name__)  # wire.Foreign says what it was
 
 
 def _names(probe, index):

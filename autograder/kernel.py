@@ -19,6 +19,7 @@ from . import cgroups, sandbox
 from .exchange import Exchange
 
 HERE = Path(__file__).resolve().parent
+SANDBOXED = HERE / "sandboxed"  # copied into the kernel: its guard, attn_probe and attn_wire
 INSIDE_LIB = "/tmp/.grader/lib"  # read-only inside the sandbox
 INSIDE_GUARD = "/tmp/ipython/profile_default/startup/00-attn-guard.py"
 INSIDE_CONNECTION = "/tmp/.grader/kernel.json"  # the kernel's copy: socket paths as it sees them
@@ -90,8 +91,9 @@ class GradingKernelManager(AsyncKernelManager):
         kw["stdout"], kw["stderr"] = subprocess.DEVNULL, self._log
         launch = None
         if self.sandboxed:
-            files = {INSIDE_GUARD: (HERE / "guard.py").read_bytes(),
-                     f"{INSIDE_LIB}/attn_probe.py": (HERE / "probe.py").read_bytes(),
+            files = {INSIDE_GUARD: (SANDBOXED / "guard.py").read_bytes(),
+                     f"{INSIDE_LIB}/attn_probe.py": (SANDBOXED / "probe.py").read_bytes(),
+                     f"{INSIDE_LIB}/attn_wire.py": (SANDBOXED / "wire.py").read_bytes(),
                      INSIDE_CONNECTION: self._inside_connection()}
             argv = [INSIDE_CONNECTION if a == self.connection_file else a for a in argv]
             self.cgroup = cgroups.create(self.limits.memory, self.limits.tasks)
@@ -103,8 +105,9 @@ class GradingKernelManager(AsyncKernelManager):
             lib, startup = self.scratch / "lib", self.scratch / "ipython" / "profile_default" / "startup"
             for d in (lib, startup, self.scratch / "work", self.scratch / "home"):
                 d.mkdir(parents=True, exist_ok=True)
-            (startup / "00-attn-guard.py").write_bytes((HERE / "guard.py").read_bytes())
-            (lib / "attn_probe.py").write_bytes((HERE / "probe.py").read_bytes())
+            (startup / "00-attn-guard.py").write_bytes((SANDBOXED / "guard.py").read_bytes())
+            (lib / "attn_probe.py").write_bytes((SANDBOXED / "probe.py").read_bytes())
+            (lib / "attn_wire.py").write_bytes((SANDBOXED / "wire.py").read_bytes())
             kw["env"] = env
             kw["cwd"] = str(self.scratch / "work")
         os.chmod(self.connection_file, 0o600)

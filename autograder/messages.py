@@ -12,16 +12,15 @@ The grader writes its messages in English. Two kinds of text carry what a transl
 
 Anything else (a function's name, the error a submission raised) is never translated.
 The grading JSON stays English; the text report and the feedback page are told in the
-submission's language. The catalog is ``locales/<lang>/LC_MESSAGES/feedback.po``.
+submission's language. The catalog is ``locales/<lang>/LC_MESSAGES/feedback.po``; its entries
+are extracted by ``coursegen.feedback_texts`` (which reads this package's source, never imports it).
 """
 from __future__ import annotations
 
-import ast
 import functools
 import re
-from pathlib import Path
 
-from coursekit.conventions import COURSE_DIR, SOURCE_LANGUAGE, ROOT
+from coursekit.conventions import LOCALES_DIR, SOURCE_LANGUAGE
 
 _FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 
@@ -66,7 +65,7 @@ def from_tests(text) -> TestText | str:
 def _catalog(language: str) -> tuple[dict, list]:
     """(msgid -> msgstr, [(pattern, fields, msgstr)] for entries with braces) of LANGUAGE."""
     from babel.messages.pofile import read_po
-    path = ROOT / "locales" / language / "LC_MESSAGES" / "feedback.po"
+    path = LOCALES_DIR / language / "LC_MESSAGES" / "feedback.po"
     if not path.exists():
         return {}, []
     with path.open("rb") as f:
@@ -116,73 +115,3 @@ def tell(text, language: str) -> str:
             values = dict(zip(fields, found.groups()))
             return _FIELD.sub(lambda m: values.get(m.group(0), m.group(0)[0]), told)
     return str(text)
-
-
-# ------------------------------------------------------------------ the catalog's entries
-
-def _template_of(node: ast.expr) -> str | None:
-    """A string literal as a catalog entry: constants as they are, f-strings with {fields}."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value.replace("{", "{{").replace("}", "}}") if "{" in node.value else node.value
-    if isinstance(node, ast.JoinedStr):
-        out = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                out.append(value.value.replace("{", "{{").replace("}", "}}"))
-            else:
-                out.append("{" + _field_source(value) + "}")
-        return "".join(out)
-    return None
-
-
-def _field_source(value: ast.FormattedValue) -> str:
-    text = ast.unparse(value.value)
-    if value.conversion != -1:
-        text += "!" + chr(value.conversion)
-    if value.format_spec is not None:
-        text += ":" + "".join(v.value if isinstance(v, ast.Constant) else "{" + _field_source(v) + "}"
-                              for v in value.format_spec.values)
-    return text
-
-
-def _grader_templates() -> list[tuple[str, str]]:
-    found = []
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "msg" \
-                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value:
-                found.append((node.args[0].value, f"autograder/{path.name}:{node.lineno}"))
-    return found
-
-
-def _hidden_test_texts(name: str) -> list[tuple[str, str]]:
-    """What a chapter's hidden tests can show: mistakes' names, labels, hints, memory rules."""
-    from coursegen import parse_chapter
-    chapter = parse_chapter(COURSE_DIR / f"{name}.py")
-    found = []
-    for cell in chapter.of_kind("hidden"):
-        tree = ast.parse(cell.source)
-        for node in ast.walk(tree):
-            picked = []
-            if isinstance(node, ast.Call):
-                callee = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-                if callee == "Mistake" and node.args:
-                    picked.append(node.args[0])
-                picked += [k.value for k in node.keywords if k.arg in ("label", "message")]
-                picked += [k.value.elts[1] for k in node.keywords if k.arg == "max_memory"
-                           and isinstance(k.value, ast.Tuple) and len(k.value.elts) == 2]
-            elif isinstance(node, ast.Return) and node.value is not None:
-                picked.append(node.value)
-            for text in filter(None, map(_template_of, picked)):
-                if re.search(r"[A-Za-z]{2,}", _FIELD.sub("", text)) and " " in text:
-                    found.append((text, f"course/{name}.py:{cell.line + getattr(node, 'lineno', 1)}"))
-    return found
-
-
-def feedback_units() -> list[tuple[str, str]]:
-    """(entry, "file:line") of every message the feedback can show, the grader's first."""
-    from coursekit.conventions import chapter_names
-    found = _grader_templates()
-    for name in chapter_names():
-        found += _hidden_test_texts(name)
-    return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import transfer
+from .sandboxed import wire
 from .chapters import ChapterInfo
 from .exchange import Exchange
 
@@ -30,7 +31,7 @@ class GradingSession:
     def before_test(self, test_id):
         self.exchange.clear()
         arrays: dict = {}
-        calls = [transfer.encode_call(i, probe, self._deps(probe), arrays, self.hidden.model_source)
+        calls = [wire.encode_call(i, probe, self._deps(probe), arrays, self.hidden.model_source)
                  for i, probe in enumerate(self.probes[test_id])]
         transfer.write_inputs(self.exchange.cases, test_id, calls, arrays)
         if test_id in self.hidden.memory_rules and self.kernel is not None:

@@ -12,10 +12,9 @@ swapped, method calls dropped (``x.transpose(..)`` -> ``x``), ``if`` conditions 
 and statements removed (a mask line, a scale line).
 
 Each mutant is loaded as a module and every hidden probe of the chapter is run IN
-PROCESS, the way the kernel runs it (``autograder/probe.py``: clones of the probe
-inputs, ``cls(**init)`` under ``torch.manual_seed(0)``, cast to ``probe.dtype``, the
-probe's parameters copied in, eval mode, dependencies replaced by the reference,
-cotangent backward for gradients), and the result dict is judged by
+PROCESS by the kernel's own routine (``autograder/sandboxed/probe.py``'s ``call_one``,
+through ``autograder.inprocess``: the probe encoded and its result decoded in the wire
+format, dependencies replaced by the reference), and the result dict is judged by
 ``autograder.hidden.judge_probe`` against the ORIGINAL reference. A mutant is killed
 when any probe reports a problem.
 
@@ -43,7 +42,6 @@ import copy
 import dataclasses
 import importlib
 import random
-import signal
 import sys
 import time
 import types
@@ -56,7 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autograder import hidden as H  # noqa: E402
-from autograder import probe as P  # noqa: E402
+from autograder import inprocess  # noqa: E402
 
 from coursekit.conventions import chapter_names  # noqa: E402
 
@@ -369,119 +367,10 @@ def _remove(top, parent, field, i):
 
 # ------------------------------------------------------------------ running probes in process
 
-class _Recorder(torch.overrides.TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_function__(self, func, types_, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", repr(func)))
-        return func(*args, **(kwargs or {}))
-
-
-class _Foreign:
-    def __init__(self, description):
-        self.description = description
-
-
-class _Timeout(BaseException):
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout()
-
-
-def _as_result(value):
-    """What the grader decodes from the kernel's output: plain tensors, tuples, or descriptions."""
-    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
-        return value.detach().clone()
-    if isinstance(value, torch.Tensor):
-        return _Foreign(f"a tensor subclass ({type(value).__name__}); return a plain torch.Tensor")
-    if isinstance(value, (tuple, list)):
-        return tuple(_as_result(v) for v in value)
-    if isinstance(value, torch.nn.Module):      # a returned model is judged by its state (hidden.ModuleState)
-        return H.ModuleState.of(value)
-    return _Foreign(f"a {type(value).__name__}")
-
-
-def _clone(v):
-    if isinstance(v, H.ModelArg):               # a model argument: a fresh reference-built module
-        return v.fresh()
-    if isinstance(v, dict):
-        return {k: _clone(x) for k, x in v.items()}
-    return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-
-
-def run_probe(probe: H.Probe, ns: dict, reference_ns: dict, time_limit=None) -> dict:
-    """Run one probe against the namespace ``ns`` as the kernel would; the result dict for judge_probe."""
-    saved = {d: ns.get(d) for d in probe.deps}
-    for d in probe.deps:                         # dependencies: the reference stands in
-        ns[d] = reference_ns[d]
-    recorder = _Recorder()
-    result = {"status": "ok"}
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(time_limit or probe.time_limit))
-    try:
-        target = ns.get(probe.target)
-        if target is None:
-            return {"status": "missing"}
-        args = [_clone(a) for a in probe.args]
-        kwargs = {k: _clone(v) for k, v in probe.kwargs.items()}
-        models = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.nn.Module)]
-        for model in models:                     # the kernel's record of the model's calls
-            P._record_calls(model)
-        P._MODEL_CALLS.clear()
-        for i in probe.grad_args:
-            args[i].requires_grad_(True)
-        params = {}
-        if probe.init is not None:
-            torch.manual_seed(0)
-            obj = target(**probe.init)
-            if probe.dtype:
-                obj = obj.to(getattr(torch, probe.dtype))
-            with torch.no_grad():
-                for name, value in (probe.state or {}).items():
-                    obj.get_parameter(name).copy_(value)
-            params = {name: obj.get_parameter(name) for name in (probe.state or {})}
-            result["submodules"] = sorted({type(m).__name__ for m in obj.modules()})
-            obj.train(False)
-            target = getattr(obj, probe.method or "forward")
-        with recorder:
-            out = target(*args, **kwargs)
-        if models:
-            result["model_calls"] = list(P._MODEL_CALLS)
-        result["value"] = _as_result(out)
-        result["inputs_after"] = [a.detach().clone() if isinstance(a, torch.Tensor) else
-                                  H.ModuleState.of(a) if isinstance(a, torch.nn.Module) else None for a in args]
-        if probe.cotangents:
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            try:
-                loss = sum((o * c).sum() for o, c in zip(outs, probe.cotangents)
-                           if isinstance(o, torch.Tensor) and o.requires_grad)
-                if isinstance(loss, torch.Tensor):
-                    loss.backward()
-                grads = {f"arg{i}": args[i].grad for i in probe.grad_args}
-                grads.update({f"param:{n}": p.grad for n, p in params.items()})
-                result["grads"] = {k: g.detach().clone() for k, g in grads.items()
-                                   if type(g) is torch.Tensor}
-            except Exception as err:  # noqa: BLE001
-                result["grad_error"] = f"{type(err).__name__}: {err}"
-    except _Timeout:
-        result = {"status": "timeout"}
-    except Exception as err:  # noqa: BLE001
-        result = {"status": "error", "error": f"{type(err).__name__}: {str(err)[:200]}",
-                  "error_message": str(err)[:1000]}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        for d, v in saved.items():
-            if v is None:
-                ns.pop(d, None)
-            else:
-                ns[d] = v
-    result["torch_functions"] = sorted(recorder.names)
-    return result
+def run_probe(chapter: "Chapter", probe: H.Probe, ns: dict) -> dict:
+    """Run one probe against the namespace ``ns`` with the kernel's own routine (``autograder.inprocess``:
+    ``attn_probe.call_one``, the wire format both ways); every dependency's reference stands in."""
+    return inprocess.run_probe(probe, ns, chapter.hidden)
 
 
 @dataclasses.dataclass
@@ -516,10 +405,9 @@ def mutant_namespace(chapter: Chapter, mutant: Mutant | None) -> dict:
 
 def first_problem(chapter: Chapter, ns: dict) -> str | None:
     """The first problem the hidden tests report for this namespace, or None (survived)."""
-    ref_ns = vars(chapter.reference)
     for test_id, probes in chapter.probes.items():
         for probe in probes:
-            got = run_probe(probe, ns, ref_ns)
+            got = run_probe(chapter, probe, ns)
             try:
                 problems = H.judge_probe(probe, got, chapter.hidden.from_scratch)
             except Exception as err:  # noqa: BLE001 - a result the judge cannot even read is a kill
@@ -560,8 +448,8 @@ def _variants(probe, gen, draws=3):
     return out
 
 
-def _outputs(probe, ns, ref_ns):
-    got = run_probe(dataclasses.replace(probe, cotangents=()), ns, ref_ns)
+def _outputs(chapter, probe, ns):
+    got = run_probe(chapter, dataclasses.replace(probe, cotangents=()), ns)
     return got.get("value") if got["status"] == "ok" else got.get("error", got["status"])
 
 
@@ -596,11 +484,11 @@ def classify_survivor(chapter: Chapter, mutant: Mutant, ns: dict, seed=0) -> tup
             if probe.target != mutant.exercise:
                 continue
             for variant in _variants(probe, gen):
-                want = _outputs(variant, ref_ns, ref_ns)
+                want = _outputs(chapter, variant, ref_ns)
                 if isinstance(want, str):
                     continue   # the reference itself rejects this variant
                 checked += 1
-                have = _outputs(variant, ns, ref_ns)
+                have = _outputs(chapter, variant, ns)
                 if not _same(have, want, loose=True):
                     return "real gap", f"differs from the reference on re-drawn inputs near '{variant.label}'"
                 if precision_only is None and not _same(have, want):

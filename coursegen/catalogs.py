@@ -5,7 +5,8 @@
 * ``chapters/NN_name.po``: one per chapter (its markdown, figure text, printed text,
   visible tests' messages, stubs' docstrings and comments; see ``translatable``);
 * ``front_matter.po``: the front page, the glossary and the instructor page;
-* ``feedback.po``: the grader's feedback messages (see ``autograder.messages``).
+* ``feedback.po``: the grader's feedback messages (extracted by ``feedback_texts``, told by
+  ``autograder.messages``).
 
 ``python -m coursegen.catalogs update`` merges new English text into the catalogs the way
 ``msgmerge`` does (new entries empty, changed ones fuzzy); ``check`` lists every entry
@@ -25,13 +26,11 @@ from pathlib import Path
 from babel.messages.catalog import Catalog
 from babel.messages.pofile import read_po, write_po
 
-from coursekit.conventions import ROOT
+from coursekit.conventions import LOCALES_DIR, ROOT, TRANSLATIONS
 
 from . import headings
 from .translatable import FIELD_LITERAL
 
-LOCALES = ROOT / "locales"
-LANGUAGES = ("zh_CN",)
 PROJECT = "Attention from Scratch"
 FRONT_MATTER = "front_matter"
 FEEDBACK = "feedback"
@@ -45,7 +44,7 @@ class Unit:
 
 
 def po_path(domain: str, language: str) -> Path:
-    return LOCALES / language / "LC_MESSAGES" / f"{domain}.po"
+    return LOCALES_DIR / language / "LC_MESSAGES" / f"{domain}.po"
 
 
 def domains() -> list[str]:
@@ -68,7 +67,7 @@ def extracted(domain: str) -> list[Unit]:
         from .front_matter import front_matter_units
         found = [Unit(text, where, "markdown") for text, where in front_matter_units()]
     elif domain == FEEDBACK:
-        from autograder.messages import feedback_units
+        from .feedback_texts import feedback_units
         found = [Unit(text, where, "message") for text, where in feedback_units()]
     else:
         raise KeyError(domain)
@@ -219,7 +218,7 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["update", "check", "todo", "fill", "count"])
     parser.add_argument("domain", nargs="?", help="e.g. chapters/02_self_attention, front_matter, feedback")
     parser.add_argument("file", nargs="?", type=Path, help="fill: the translations")
-    parser.add_argument("--language", default=LANGUAGES[0])
+    parser.add_argument("--language", default=TRANSLATIONS[0])
     parser.add_argument("--limit", type=int, default=30)
     args = parser.parse_args(argv)
     selected = [args.domain] if args.domain else domains()

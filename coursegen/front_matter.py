@@ -8,14 +8,14 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from coursekit.conventions import ROOT
+from coursekit.conventions import LOCALES_DIR, ROOT
 
 from .translatable import is_prose, markdown_blocks, translate_markdown
 
 PAGES = ("intro.md", "glossary.md", "instructors.md")
 README = "README.md"
 README_SECTION = ("<!-- instructors-page-start -->", "<!-- instructors-page-end -->")
-GLOSSARY = ROOT / "locales" / "glossary.csv"
+GLOSSARY = LOCALES_DIR / "glossary.csv"
 
 
 def _published(name: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import nbformat
 
 from . import conventions as C
+from .source import parse_chapter
 
 
 def learner_notebook(chapter: str, language: str = C.SOURCE_LANGUAGE) -> nbformat.NotebookNode:
@@ -15,7 +16,6 @@ def learner_notebook(chapter: str, language: str = C.SOURCE_LANGUAGE) -> nbforma
 
 def reference_answers(chapter: str) -> dict[str, str]:
     """exercise name -> its reference solution, as a learner would type it."""
-    from coursegen import parse_chapter
     source = parse_chapter(C.COURSE_DIR / f"{chapter}.py")
     return {c.name: C.strip_solution_markers(c.source) for c in source.of_kind("exercise")}
 

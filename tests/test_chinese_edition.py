@@ -44,7 +44,7 @@ def test_the_completeness_check_catches_an_untranslated_entry(tmp_path, monkeypa
     entries = [m for m in catalog if m.id]
     entries[0].string = ""
     entries[1].flags.add("fuzzy")
-    monkeypatch.setattr(catalogs, "LOCALES", tmp_path)
+    monkeypatch.setattr(catalogs, "LOCALES_DIR", tmp_path)
     catalogs.write(catalog, domain, LANGUAGE)
     found = catalogs.problems(domain, LANGUAGE)
     assert len(found) == 2 and "untranslated" in found[0] and "fuzzy" in found[1], found

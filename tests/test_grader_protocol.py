@@ -1,5 +1,9 @@
 """The hidden-test protocol end to end, in process: build probes, encode, run the kernel side, decode, judge.
 
+Both routes the kernel-side routine is run by: through the exchange's files (as the grading
+kernel runs it) and in memory (``autograder.inprocess``, as the mutation benchmark and the
+in-process catalog tier run it); each must give the same verdicts.
+
 A toy reference with a model argument, a dict argument and a module return value, so
 that the features later chapters rely on (``t.model``, state dicts, weight loaders) are
 tested apart from any chapter.
@@ -13,7 +17,8 @@ import textwrap
 import pytest
 
 from autograder import hidden as H
-from autograder import probe, transfer
+from autograder import inprocess, transfer
+from autograder.sandboxed import probe, wire
 from autograder.exchange import Exchange
 
 TOY = textwrap.dedent('''
@@ -77,13 +82,23 @@ def toy(tmp_path_factory):
     return tests
 
 
-def _judge(tests, test_id, student_source, tmp_path, monkeypatch) -> list[str]:
+@pytest.fixture(params=["files", "in process"])
+def route(request):
+    return request.param
+
+
+def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files") -> list[str]:
+    probes = tests.build(test_id)
+    if route == "in process":
+        namespace: dict = {}
+        exec(compile(student_source, "<student>", "exec"), namespace)
+        got = inprocess.run_probes(probes, namespace, tests)
+        return [problem for p, g in zip(probes, got) for problem in H.judge_probe(p, g, set())]
     exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
     cases, results = exchange.cases, exchange.results
     private.mkdir(exist_ok=True)
-    probes = tests.build(test_id)
     arrays: dict = {}
-    calls = [transfer.encode_call(i, p, {}, arrays, tests.model_source) for i, p in enumerate(probes)]
+    calls = [wire.encode_call(i, p, {}, arrays, tests.model_source) for i, p in enumerate(probes)]
     transfer.write_inputs(cases, test_id, calls, arrays)
     monkeypatch.setenv("ATTN_GRADER_CASES", str(cases))
     monkeypatch.setenv("ATTN_GRADER_RESULTS", str(results))
@@ -101,20 +116,20 @@ def test_model_source_holds_the_class_and_what_it_uses(toy):
 
 
 @pytest.mark.parametrize("test_id", ["test_apply", "test_load"])
-def test_a_correct_submission_passes(toy, test_id, tmp_path, monkeypatch):
-    assert _judge(toy, test_id, STUDENTS["correct"], tmp_path, monkeypatch) == []
+def test_a_correct_submission_passes(toy, test_id, tmp_path, monkeypatch, route):
+    assert _judge(toy, test_id, STUDENTS["correct"], tmp_path, monkeypatch, route) == []
 
 
-def test_a_loader_that_returns_a_new_model_is_told_to_load_in_place(toy, tmp_path, monkeypatch):
-    problems = _judge(toy, "test_load", STUDENTS["new_model_instead_of_in_place"], tmp_path, monkeypatch)
+def test_a_loader_that_returns_a_new_model_is_told_to_load_in_place(toy, tmp_path, monkeypatch, route):
+    problems = _judge(toy, "test_load", STUDENTS["new_model_instead_of_in_place"], tmp_path, monkeypatch, route)
     assert problems and "did not update `model` in place" in problems[0], problems
 
 
-def test_a_function_that_changes_its_model_argument_is_told_so(toy, tmp_path, monkeypatch):
-    problems = _judge(toy, "test_apply", STUDENTS["changes_the_model"], tmp_path, monkeypatch)
+def test_a_function_that_changes_its_model_argument_is_told_so(toy, tmp_path, monkeypatch, route):
+    problems = _judge(toy, "test_apply", STUDENTS["changes_the_model"], tmp_path, monkeypatch, route)
     assert problems and "changed the parameters of `model`" in problems[0], problems
 
 
-def test_a_returned_model_is_compared_by_its_state(toy, tmp_path, monkeypatch):
-    problems = _judge(toy, "test_load", STUDENTS["ignores_the_state"], tmp_path, monkeypatch)
+def test_a_returned_model_is_compared_by_its_state(toy, tmp_path, monkeypatch, route):
+    problems = _judge(toy, "test_load", STUDENTS["ignores_the_state"], tmp_path, monkeypatch, route)
     assert problems and "the model's `w` differs" in problems[0], problems

@@ -5,6 +5,11 @@ cases for that test (inputs only, never expected values) to ``$ATTN_GRADER_CASES
 this module calls the submitted code on them and writes what came back to
 ``$ATTN_GRADER_RESULTS``. All comparisons happen later, in the grader's own process,
 which never runs submitted code: nothing done here can award points by itself.
+
+``call_one`` is the one routine that calls submitted code on a probe: the kernel runs it
+from ``run``, and the grader's tools (the mutation benchmark, the in-process catalog tier,
+the protocol tests) run the very same routine in process through ``autograder.inprocess``.
+The format of what it reads and writes is ``wire`` (``attn_wire`` in the kernel).
 """
 import json
 import os
@@ -16,7 +21,10 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-MAX_ELEMENTS = 2_000_000  # a result larger than this is not copied back
+try:
+    from . import wire            # in the grader's process: autograder.sandboxed.probe
+except ImportError:
+    import attn_wire as wire      # in the kernel: a top-level module beside attn_probe
 
 
 class ProbeTimeout(BaseException):
@@ -33,10 +41,6 @@ class _Recorder(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tensor(arrays, ref):
-    return torch.from_numpy(np.array(arrays[ref]))
-
-
 def _model(desc, arrays):
     """A model argument: the reference class, built here with the parameters the grader sent."""
     env = {"__name__": "attn_reference_model"}
@@ -47,7 +51,7 @@ def _model(desc, arrays):
         model = model.to(getattr(torch, desc["dtype"]))
     with torch.no_grad():
         for name, ref in desc["state"].items():
-            model.get_parameter(name).copy_(_tensor(arrays, ref))
+            model.get_parameter(name).copy_(wire.tensor(arrays, ref))
     _record_calls(model)
     return model.eval()
 
@@ -77,46 +81,6 @@ def _record_calls(model):
             lambda module, args: _MODEL_CALLS.append({"method": "out", "rows": rows(args, {})}))
 
 
-def _decode(value, arrays):
-    if isinstance(value, dict) and "t" in value:
-        return _tensor(arrays, value["t"])
-    if isinstance(value, dict) and "v" in value:
-        return value["v"]
-    if isinstance(value, dict) and "d" in value:
-        return {k: _decode(v, arrays) for k, v in value["d"].items()}
-    if isinstance(value, dict) and "m" in value:
-        return _model(value["m"], arrays)
-    if isinstance(value, list):
-        return [_decode(v, arrays) for v in value]
-    return value
-
-
-class _Writer:
-    def __init__(self, prefix):
-        self.prefix, self.arrays = prefix, {}
-
-    def put(self, value):
-        """Describe one returned value; tensors go to the array store."""
-        if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
-            if value.numel() > MAX_ELEMENTS:
-                return {"kind": "tensor-too-large", "shape": list(value.shape)}
-            key = f"{self.prefix}{len(self.arrays)}"
-            data = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
-            self.arrays[key] = data.numpy().copy()
-            return {"kind": "tensor", "ref": key, "dtype": str(data.dtype).replace("torch.", ""),
-                    "requires_grad": bool(value.requires_grad)}
-        if isinstance(value, torch.Tensor):
-            return {"kind": "tensor-subclass", "type": type(value).__name__}
-        if isinstance(value, torch.nn.Module):
-            return {"kind": "module", "type": type(value).__name__,
-                    "state": {k: self.put(v) for k, v in value.state_dict().items()}}
-        if isinstance(value, (tuple, list)):
-            return {"kind": type(value).__name__, "items": [self.put(v) for v in value]}
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return {"kind": "python", "type": type(value).__name__}
-        return {"kind": "other", "type": type(value).__name__}
-
-
 def _error_text(err):
     tb = traceback.extract_tb(err.__traceback__)
     where = ""
@@ -132,7 +96,8 @@ def _on_alarm(signum, frame):
     raise ProbeTimeout()
 
 
-def _call_one(probe, arrays, ns, writer):
+def call_one(probe, arrays, ns, writer):
+    """Call the submitted code in ``ns`` on one probe (a ``wire`` call); the result (a ``wire`` result)."""
     result = {"status": "ok"}
     deps_saved = {}
     deps = probe.get("deps") or {}
@@ -150,8 +115,8 @@ def _call_one(probe, arrays, ns, writer):
         target = ns.get(probe["target"], _MISSING)
         if target is _MISSING:
             return {"status": "missing"}
-        args = [_decode(a, arrays) for a in probe["args"]]
-        kwargs = {k: _decode(v, arrays) for k, v in probe["kwargs"].items()}
+        args = [wire.decode_value(a, arrays, _model) for a in probe["args"]]
+        kwargs = {k: wire.decode_value(v, arrays, _model) for k, v in probe["kwargs"].items()}
         for i in probe.get("grad_args", []):
             args[i].requires_grad_(True)
         params = {}
@@ -162,7 +127,7 @@ def _call_one(probe, arrays, ns, writer):
                 obj = obj.to(getattr(torch, probe["dtype"]))
             with torch.no_grad():
                 for name, ref in probe.get("state", {}).items():
-                    obj.get_parameter(name).copy_(_tensor(arrays, ref))
+                    obj.get_parameter(name).copy_(wire.tensor(arrays, ref))
             params = {name: obj.get_parameter(name) for name in probe.get("state", {})}
             if hasattr(obj, "modules"):
                 result["submodules"] = sorted({type(m).__name__ for m in obj.modules()})
@@ -173,13 +138,13 @@ def _call_one(probe, arrays, ns, writer):
         with recorder:
             out = target(*args, **kwargs)
         result["seconds"] = time.perf_counter() - started
-        if any(isinstance(a, dict) and "m" in a for a in (*probe["args"], *probe["kwargs"].values())):
+        if wire.has_model_argument(probe):
             result["model_calls"] = list(_MODEL_CALLS)
         result["output"] = writer.put(out)
         # The inputs as they are after the call: the grader compares them with what it sent.
         result["inputs_after"] = [writer.put(a) if isinstance(a, (torch.Tensor, torch.nn.Module)) else None
                                   for a in args]
-        cotangents = [_tensor(arrays, c) for c in probe.get("cotangents", [])]
+        cotangents = [wire.tensor(arrays, c) for c in probe.get("cotangents", [])]
         if cotangents:
             outs = out if isinstance(out, (tuple, list)) else (out,)
             try:
@@ -219,10 +184,10 @@ def run(test_id, ns):
         spec = json.load(f)
     with np.load(os.path.join(cases_dir, f"{test_id}.npz"), allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
-    writer = _Writer("r")
+    writer = wire.Writer("r")
     results = []
     for probe in spec["probes"]:
-        outcome = _call_one(probe, arrays, ns, writer)
+        outcome = call_one(probe, arrays, ns, writer)
         results.append(outcome)
         if outcome["status"] == "timeout":
             break  # the same code would loop again: leave the rest unrun
