@@ -6,7 +6,7 @@
    gradebook was made by ``generate_assignment`` (``template``). ``autograde`` restores
    the hidden tests and runs the notebook in that kernel, with ``GuardedExecute``
    handing each hidden test its inputs (``session``, ``transfer``).
-3. This process judges every test cell against the reference (``verdicts``), writes the
+3. This process judges every test cell against the reference (``judge``), writes the
    scores into the gradebook (``gradebook``) and, when asked, renders the feedback
    (``feedback``). Submitted code never runs here.
 """
@@ -85,7 +85,8 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
 
     from coursekit import nbgrader_course
 
-    from . import feedback, verdicts
+    from . import feedback
+    from .judge import cells as verdicts
     from .report import Report
     from .execute import GuardedExecute
     from .gradebook import store_scores

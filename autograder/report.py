@@ -10,7 +10,7 @@ from coursekit.conventions import SOURCE_LANGUAGE
 from .messages import msg, tell
 
 if TYPE_CHECKING:  # verdicts imports torch: keep this module light
-    from .verdicts import TestOutcome
+    from .judge.cells import TestOutcome
 
 UNSANDBOXED_NOTE = msg("graded WITHOUT the OS sandbox (--unsandboxed): only the audit hook contained the code")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from . import hidden as H
+from .judge import verdict as H
 from .messages import msg
 
 BANNED_ATTRIBUTES = set(H.ATTENTION_BUILTINS) | H.BUILTIN_MODULES | {"_scaled_dot_product_efficient_attention", "aten"}

@@ -15,7 +15,7 @@ Each mutant is loaded as a module and every hidden probe of the chapter is run I
 PROCESS by the kernel's own routine (``autograder/sandboxed/probe.py``'s ``call_one``,
 through ``autograder.inprocess``: the probe encoded and its result decoded in the wire
 format, dependencies replaced by the reference), and the result dict is judged by
-``autograder.hidden.judge_probe`` against the ORIGINAL reference. A mutant is killed
+``autograder.judge.verdict.judge_probe`` against the ORIGINAL reference. A mutant is killed
 when any probe reports a problem.
 
 Why not mutmut or cosmic-ray: they mutate files on disk and decide "killed" from a
@@ -55,6 +55,8 @@ if str(ROOT) not in sys.path:
 
 from autograder import hidden as H  # noqa: E402
 from autograder import inprocess  # noqa: E402
+from autograder.judge.verdict import judge_probe  # noqa: E402
+from autograder.sandboxed.wire import ModuleState  # noqa: E402
 
 from coursekit.conventions import chapter_names  # noqa: E402
 
@@ -409,7 +411,7 @@ def first_problem(chapter: Chapter, ns: dict) -> str | None:
         for probe in probes:
             got = run_probe(chapter, probe, ns)
             try:
-                problems = H.judge_probe(probe, got, chapter.hidden.from_scratch)
+                problems = judge_probe(probe, got, chapter.hidden.from_scratch)
             except Exception as err:  # noqa: BLE001 - a result the judge cannot even read is a kill
                 problems = [f"judge raised {type(err).__name__}: {err}"]
             if problems:
@@ -466,7 +468,7 @@ def _same(a, b, loose=False) -> bool:
             return H.close(a, b)
         return bool(torch.allclose(a.double(), b.double(), atol=1e-6 if a.dtype != torch.float64 else 1e-12,
                                    rtol=1e-5 if a.dtype != torch.float64 else 1e-10, equal_nan=True))
-    if isinstance(a, H.ModuleState) and isinstance(b, H.ModuleState):   # a returned model: by its state
+    if isinstance(a, ModuleState) and isinstance(b, ModuleState):   # a returned model: by its state
         return set(a.state) == set(b.state) and all(_same(a.state[k], b.state[k], loose) for k in a.state)
     if isinstance(a, str) and isinstance(b, str):
         return a.split(":")[0] == b.split(":")[0]        # both raised the same kind of error

@@ -82,6 +82,25 @@ def test_kernel_side_modules_import_nothing_of_the_project(rel):
     assert not wrong, wrong
 
 
+# Inside the grader: a part may import only these of the project (besides coursekit and itself).
+PARTS = {
+    "autograder.sandboxed": set(),                                        # copied into the kernel
+    "autograder.judge": {"autograder.messages", "autograder.sandboxed"},  # never the authoring API
+}
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_the_grader_s_parts_import_only_below_them(part):
+    folder = ROOT / Path(*part.split("."))
+    wrong = []
+    for path in sorted(folder.rglob("*.py")):
+        for target, line in imports(path):
+            if target.startswith("autograder") and not any(target == p or target.startswith(p + ".")
+                                                           for p in {part, *PARTS[part]}):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_import_cycle_between_modules():
     """Inside a package too: module A importing B (at any depth) while B imports A is a knot."""
     modules = {module_name(p) for p in project_files()}

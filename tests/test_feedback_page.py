@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autograder.feedback import as_html, verdict_output
 from autograder.messages import msg
-from autograder.verdicts import TestOutcome
+from autograder.judge.cells import TestOutcome
 
 
 def outcome(*problems, score=0.0):

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from autograder import hidden as H
+from autograder.judge.verdict import judge_probe
 from autograder import inprocess, transfer
 from autograder.sandboxed import probe, wire
 from autograder.exchange import Exchange
@@ -93,7 +94,7 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files")
         namespace: dict = {}
         exec(compile(student_source, "<student>", "exec"), namespace)
         got = inprocess.run_probes(probes, namespace, tests)
-        return [problem for p, g in zip(probes, got) for problem in H.judge_probe(p, g, set())]
+        return [problem for p, g in zip(probes, got) for problem in judge_probe(p, g, set())]
     exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
     cases, results = exchange.cases, exchange.results
     private.mkdir(exist_ok=True)
@@ -107,7 +108,7 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files")
     probe.run(test_id, namespace)
     transfer.take_results(exchange, private, test_id)
     got = transfer.read_results(private, test_id)
-    return [problem for p, g in zip(probes, got) for problem in H.judge_probe(p, g, set())]
+    return [problem for p, g in zip(probes, got) for problem in judge_probe(p, g, set())]
 
 
 def test_model_source_holds_the_class_and_what_it_uses(toy):

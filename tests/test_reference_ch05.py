@@ -172,7 +172,7 @@ def test_greedy_decode_matches_row_by_row_decoding_and_stops_when_every_row_ende
 
 def test_hidden_greedy_cases_tell_every_common_mistake_from_the_reference():
     """GREEDY_CASES' fixed draws still decode varied tokens: together they catch every mistake model."""
-    from autograder.hidden import _call_reference
+    from autograder.judge.reference import call_reference as _call_reference
     from solutions import ch05_transformer_hidden as hidden_tests
     probes = hidden_tests.hidden.build("test_greedy_decode")
     caught = set()

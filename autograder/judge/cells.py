@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import hidden as H
-from .messages import from_tests, msg
+from ..messages import from_tests, msg
+from .verdict import judge_probe
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ def _judge_test(session, test_id, stopped) -> list[str]:
         return [msg("this test did not run (the kernel died, timed out or stopped before it)")]
     probes = session.probes[test_id]
     for probe, result in zip(probes, got):
-        problems = H.judge_probe(probe, result, session.hidden.from_scratch)
+        problems = judge_probe(probe, result, session.hidden.from_scratch)
         if problems:
             return problems
     if len(got) < len(probes):
