@@ -77,3 +77,127 @@ def run_probes(probes, ns: dict, hidden, substituted=None, time_limit=None) -> l
 def run_probe(probe, ns: dict, hidden, substituted=None, time_limit=None) -> dict:
     """One probe's result (``run_probes`` of one)."""
     return run_probes([probe], ns, hidden, substituted, time_limit)[0]
+
+
+# ------------------------------------------------------------------ a whole notebook, in process
+
+class KernelExit(BaseException):
+    """``os._exit`` called by a notebook graded in process: as a kernel that died."""
+
+
+class _OwnMemory:
+    """The kernel manager's memory rule readings (``GradingKernelManager``), on this process."""
+
+    def reset_peak_memory(self) -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self._before = _status("VmRSS")
+
+    def peak_memory_rise(self) -> int | None:
+        peak, before = _status("VmHWM"), getattr(self, "_before", None)
+        return None if before is None or not peak else max(peak - before, 0)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next((int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":")), 0)
+
+
+class _Session:
+    """``GradingSession`` without an exchange: a test's calls run here, by ``call_one``, when its cell does."""
+
+    def __init__(self, chapter):
+        from .session import GradingSession
+        self.chapter, self.kernel = chapter, _OwnMemory()
+        self.hidden = chapter.hidden()
+        self.test_order = list(chapter.tests)
+        self.probes = {t: self.hidden.build(t) for t in self.test_order}
+        self.completed: set[str] = set()
+        self.memory_rise: dict = {}
+        self._results: dict = {}
+        self._deps_ready = lambda dep: GradingSession._deps_ready(self, dep)
+
+    def run(self, test_id, ns):
+        """What ``attn_probe.run(test_id, globals())`` does in the kernel; kept for the judge."""
+        if test_id not in self.probes or test_id in self.completed:
+            raise FileNotFoundError(test_id)          # the kernel finds no inputs for it
+        ready = {d for p in self.probes[test_id] for d in p.deps if self._deps_ready(d)}
+        measured = test_id in self.hidden.memory_rules
+        if measured:
+            self.kernel.reset_peak_memory()
+        try:
+            self._results[test_id] = run_probes(self.probes[test_id], ns, self.hidden, substituted=ready)
+        finally:
+            if measured:
+                self.memory_rise[test_id] = self.kernel.peak_memory_rise()
+        if any(r["status"] == "timeout" for r in self._results[test_id]):
+            raise SystemExit("a call ran past its time limit")
+
+    def results(self, test_id):
+        return self._results.get(test_id)
+
+
+def grade_notebook(path) -> dict:
+    """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
+
+    The same steps as ``grading.grade`` where they do not need a kernel: the submission read and
+    repaired, the test cells' hidden parts restored from the instructor notebook (as nbgrader's
+    autograde does), each cell run in order (errors do not stop the run; ``os._exit`` is a dead
+    kernel: the cells after it do not run), each hidden test's calls run by ``call_one`` and the
+    whole judged by ``judge.cells``. No sandbox, no nbgrader, no cell time limit (a probe's own
+    time limit holds): for trusted notebooks only, and for what does not need the real pipeline.
+    """
+    import contextlib
+    import linecache
+    import os
+    import sys
+    import types
+
+    import nbformat
+
+    from coursekit import conventions as C
+
+    from .judge.cells import judge
+    from .report import Report
+    from .static_check import static_builtin_use
+    from .submission import load, repaired
+
+    nb, info = load(path)
+    session = _Session(info)
+    static = static_builtin_use(nb, session.hidden.from_scratch)
+    release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
+    clean, repairs = repaired(nb, release)
+    instructor = nbformat.read(info.instructor_notebook, as_version=4)
+    restored = {C.grade_id(c): c.source for c in instructor.cells if C.is_test_cell(c)}
+    ns: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    probe_module = types.ModuleType("attn_probe")
+    probe_module.run = session.run
+    real_exit, saved = os._exit, sys.modules.get("attn_probe")
+
+    def exit_kernel(code=0):
+        raise KernelExit(code)
+    os._exit, sys.modules["attn_probe"] = exit_kernel, probe_module
+    try:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            for index, cell in enumerate(c for c in clean.cells if c.cell_type == "code"):
+                source = restored.get(C.grade_id(cell), cell.source)
+                filename = f"/tmp/ipykernel_0/{index}.py"     # as IPython names a cell (probe's _error_text)
+                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+                grade_id = C.grade_id(cell)
+                try:
+                    exec(compile(source, filename, "exec"), ns)
+                except KernelExit:
+                    break
+                except BaseException:  # noqa: BLE001 - an error in a cell does not stop the notebook
+                    pass
+                finally:
+                    if grade_id in session.probes:
+                        session.completed.add(grade_id)
+    finally:
+        os._exit = real_exit
+        if saved is None:
+            sys.modules.pop("attn_probe", None)
+        else:
+            sys.modules["attn_probe"] = saved
+    outcomes = judge(session, static, stopped=None)
+    return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language).as_json()

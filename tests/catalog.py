@@ -6,17 +6,29 @@ A chapter's test file only declares its cases and takes the tests from here::
                       independent={...}, tampering={name: notebook})
     from catalog import *  # noqa: F401,F403 - the catalog's tests, run on CATALOG
 
-Every notebook is graded by the real pipeline (nbgrader autograde in the sandboxed kernel,
-judged in the grader's process), two at a time, once per test session. Points per test
-come from the chapter's instructor notebook.
+Two tiers (tests/conftest.py):
+
+* every correct style and mistake is judged in process (``judged``): the kernel's own call
+  routine (``attn_probe.call_one``) and the grader's own judge, without nbgrader and the sandbox;
+* every tampering case, and a sample of the others (``sample``), goes through the real pipeline
+  (``graded``: nbgrader autograde in the sandboxed kernel), marked ``pipeline``. The sample must
+  give the very same result both ways, and it holds each case whose expected message names what
+  only the kernel shows (a time limit, a dead kernel, a restored cell, memory).
+
+Points per test come from the chapter's instructor notebook.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 
 from autograder.chapters import ChapterInfo
+
+
+# Words of a message that only the real pipeline can produce faithfully.
+PIPELINE_WORDS = ("longer than", "did not run", "did not finish", "restored", "memory", "kernel")
 
 
 @dataclasses.dataclass
@@ -27,6 +39,15 @@ class Catalog:
     independent: dict = dataclasses.field(default_factory=dict)  # as mistakes: an earlier failure costs nothing later
     tampering: dict = dataclasses.field(default_factory=dict)  # name -> notebook: 0 points, no grading error
 
+    def __post_init__(self):
+        for name, (_, expected) in {**self.mistakes, **self.independent}.items():
+            if not expected:
+                raise ValueError(f"mistake {name}: name the tests it loses (else it only checks full marks)")
+            empty = [test_id for test_id, words in expected.items() if not isinstance(words, str) or not words.strip()]
+            if empty:
+                raise ValueError(f"mistake {name}: give words its message must contain for {empty} "
+                                 "('' is found in every message)")
+
     def notebooks(self) -> dict:
         return {**{f"correct:{k}": v for k, v in self.correct.items()},
                 **{f"mistake:{k}": v[0] for k, v in {**self.mistakes, **self.independent}.items()},
@@ -34,10 +55,73 @@ class Catalog:
 
     def names(self, kind: str) -> list[str]:
         return {"correct": list(self.correct), "mistake": [*self.mistakes, *self.independent],
-                "tamper": list(self.tampering)}[kind]
+                "tamper": list(self.tampering), "sample": self.sample()}[kind]
+
+    def sample(self) -> list[str]:
+        """Cases of the in-process tier also sent through the real pipeline: the first correct style,
+        the first mistake, and every mistake whose message names what only the kernel shows."""
+        cases = [f"correct:{k}" for k in list(self.correct)[:1]]
+        mistakes = {**self.mistakes, **self.independent}
+        cases += [f"mistake:{k}" for k in list(mistakes)[:1]]
+        cases += [f"mistake:{k}" for k, (_, expected) in mistakes.items() if f"mistake:{k}" not in cases
+                  and any(w in words for words in expected.values() for w in PIPELINE_WORDS)]
+        return cases
 
     def expected_losses(self, name: str) -> dict:
         return {**self.mistakes, **self.independent}[name][1]
+
+
+def with_body(chapter: str, exercise: str, name: str, body: str, extra: str = "") -> str:
+    """The exercise's answer as the chapter source gives it (given code included), with the body of
+    function or method ``name`` ("Class.method") replaced by ``body``; ``extra`` methods are added
+    to the class. A catalog never retypes the code the chapter gives."""
+    import ast
+    import textwrap
+
+    from conftest import reference_answers
+    source = reference_answers(chapter)[exercise]
+    tree = ast.parse(source)
+    owner, _, method = name.rpartition(".")
+    scope = tree.body
+    if owner:
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner).body
+    node = next(n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method)
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) \
+            and len(node.body) > 1:
+        first = node.body[1]                     # the docstring stays, as a learner leaves it
+    lines = source.splitlines()
+    indent = " " * first.col_offset
+    new = textwrap.indent(textwrap.dedent(body).strip("\n"), indent).splitlines()
+    out = "\n".join(lines[:first.lineno - 1] + new + lines[node.end_lineno:]).rstrip() + "\n"
+    if extra:
+        out += "\n" + textwrap.indent(textwrap.dedent(extra).strip("\n"), " " * 4) + "\n"
+    return out
+
+
+def with_methods(chapter: str, exercise: str, methods: str, keep=("__init__",)) -> str:
+    """The exercise's class as the chapter source gives it, keeping only the methods ``keep``
+    (the given ones), followed by ``methods`` as a learner wrote them."""
+    import ast
+    import textwrap
+
+    from conftest import reference_answers
+    source = reference_answers(chapter)[exercise]
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == exercise)
+    lines, drop = source.splitlines(), set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in keep:
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            drop.update(range(start - 1, node.end_lineno))
+    kept = "\n".join(line for i, line in enumerate(lines) if i not in drop).rstrip()
+    return kept + "\n\n" + textwrap.indent(textwrap.dedent(methods).strip("\n"), " " * 4) + "\n"
+
+
+def replaced(text: str, old: str, new: str) -> str:
+    """``text`` with ``old`` replaced by ``new``: a named change of a correct body (``old`` must be there)."""
+    if old not in text:
+        raise ValueError(f"{old!r} is not in the body it should change")
+    return text.replace(old, new)
 
 
 def tampered(chapter: str, tricks=(), after_stubs=()):
@@ -78,9 +162,29 @@ def feedback_by_test(result: dict) -> dict[str, str]:
     return out
 
 
+def _project_digest() -> dict[str, str]:
+    """Every file of the project that grading must leave alone (the grader, the course, the tests)."""
+    from conftest import ROOT
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+            for folder in ("autograder", "coursekit", "coursegen", "course", "solutions", "source", "chapters", "tests")
+            for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def judged(request, judge_catalog):
+    """The correct styles and mistakes, judged in process."""
+    catalog = request.module.CATALOG
+    return judge_catalog({k: v for k, v in catalog.notebooks().items() if not k.startswith("tamper:")})
+
+
 @pytest.fixture(scope="module")
 def graded(request, grade_catalog):
-    return grade_catalog(request.module.CATALOG.notebooks())
+    """Tampering and the sample, through the real pipeline; with the project's files before and after."""
+    catalog = request.module.CATALOG
+    before = _project_digest()
+    results = grade_catalog({k: v for k, v in catalog.notebooks().items()
+                             if k.startswith("tamper:") or k in catalog.sample()})
+    return results, before
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +192,7 @@ def test_points(request):
     return ChapterInfo(request.module.CATALOG.chapter).tests
 
 
-def test_correct_styles_get_full_marks(graded, test_points, correct_case):
-    result = graded[f"correct:{correct_case}"]
-    assert result.get("score") == sum(test_points.values()), result
-
-
-def test_mistakes_lose_exactly_their_points_with_a_named_reason(request, graded, test_points, mistake_case):
-    expected = request.module.CATALOG.expected_losses(mistake_case)
-    result = graded[f"mistake:{mistake_case}"]
+def check_mistake(expected: dict, result: dict, test_points: dict):
     assert "error" not in result, result
     lines = feedback_by_test(result)
     assert set(lines) == set(test_points), lines
@@ -107,11 +204,32 @@ def test_mistakes_lose_exactly_their_points_with_a_named_reason(request, graded,
             assert f"({points:g}/{points:g}): passed" in lines[test_id], (test_id, lines[test_id])
 
 
+def test_correct_styles_get_full_marks(judged, test_points, correct_case):
+    result = judged[f"correct:{correct_case}"]
+    assert result.get("score") == sum(test_points.values()), result
+
+
+def test_mistakes_lose_exactly_their_points_with_a_named_reason(request, judged, test_points, mistake_case):
+    check_mistake(request.module.CATALOG.expected_losses(mistake_case), judged[f"mistake:{mistake_case}"],
+                  test_points)
+
+
 def test_tampering_gains_nothing(graded, tamper_case):
-    result = graded[f"tamper:{tamper_case}"]
+    result = graded[0][f"tamper:{tamper_case}"]
     assert "error" not in result, result
     assert result["score"] == 0.0, result
 
 
-__all__ = ["graded", "test_points", "test_correct_styles_get_full_marks",
-           "test_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing"]
+def test_the_real_pipeline_gives_the_in_process_result(graded, judged, sample_case):
+    """Same scores, same feedback lines: the in-process tier judges what the kernel would return."""
+    assert graded[0][sample_case] == judged[sample_case]
+
+
+def test_grading_changes_no_file_of_the_project(graded):
+    """After this chapter's tampering cases ran (whatever order the tests run in)."""
+    assert _project_digest() == graded[1]
+
+
+__all__ = ["graded", "judged", "test_points", "test_correct_styles_get_full_marks",
+           "test_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing",
+           "test_the_real_pipeline_gives_the_in_process_result", "test_grading_changes_no_file_of_the_project"]

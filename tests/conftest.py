@@ -1,4 +1,12 @@
-"""Shared fixtures: submissions (from ``coursekit.sample_submissions``), graded in parallel."""
+"""Shared fixtures: submissions (from ``coursekit.sample_submissions``), graded in parallel, in two tiers.
+
+* ``judge_catalog``: in process (``autograder.inprocess.grade_notebook``: the kernel's own call
+  routine and the grader's own judge, no nbgrader, no sandbox), a fresh forked process per notebook.
+* ``grade_catalog``: the real pipeline (nbgrader autograde in the sandboxed kernel).
+
+Tests that use the real pipeline are marked ``pipeline`` (by their fixtures, or by a module's
+``pytestmark``); ``make check`` runs everything else, ``make test`` everything.
+"""
 from __future__ import annotations
 
 import concurrent.futures
@@ -58,8 +66,35 @@ def scores_by_test(result: dict) -> dict[str, str]:
     return {test_id: " | ".join(lines) for test_id, lines in out.items()}
 
 
-@pytest.fixture(scope="session")
-def grade_catalog(tmp_path_factory):
+def _judge_one(path: str):
+    import warnings
+    warnings.filterwarnings("ignore")
+    from autograder.inprocess import grade_notebook
+    try:
+        return grade_notebook(Path(path))
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
+    """Judge many submissions in process: two workers, each notebook in a fresh process forked from
+    one that has imported torch and the grader (so nothing one notebook does reaches another)."""
+    paths = {}
+    for name, nb in notebooks.items():
+        folder = tmp / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{nb.metadata['course']['chapter']}.ipynb"
+        nbformat.write(nb, path)
+        paths[name] = str(path)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "nbformat", "autograder.inprocess", "autograder.judge.cells"])
+    with ctx.Pool(2, maxtasksperchild=1) as pool:
+        results = dict(zip(paths, pool.map(_judge_one, paths.values(), chunksize=1)))
+    return results
+
+
+def _cached(tmp_path_factory, grade):
     cache: dict[str, dict] = {}
 
     def run(notebooks):
@@ -67,16 +102,44 @@ def grade_catalog(tmp_path_factory):
         keyed = {f"{nb.metadata['course']['chapter']}/{name}": nb for name, nb in notebooks.items()}
         todo = {k: v for k, v in keyed.items() if k not in cache}
         if todo:
-            graded = grade_notebooks({k.replace("/", "__").replace(":", "_"): v for k, v in todo.items()},
-                                     tmp_path_factory.mktemp("catalog"))
+            graded = grade({k.replace("/", "__").replace(":", "_"): v for k, v in todo.items()},
+                           tmp_path_factory.mktemp("catalog"))
             cache.update(zip(todo, graded.values()))
         return {name: cache[key] for name, key in zip(notebooks, keyed)}
     return run
 
 
+@pytest.fixture(scope="session")
+def grade_catalog(tmp_path_factory):
+    """The real pipeline (nbgrader + sandbox), once per notebook per session."""
+    return _cached(tmp_path_factory, lambda nbs, tmp: grade_notebooks(nbs, tmp))
+
+
+@pytest.fixture(scope="session")
+def judge_catalog(tmp_path_factory):
+    """In process (same call routine, same judge), once per notebook per session."""
+    return _cached(tmp_path_factory, lambda nbs, tmp: judge_notebooks(nbs, tmp))
+
+
 def pytest_generate_tests(metafunc):
     """A chapter's catalog (tests/catalog.py) is parametrized by the cases its module declares."""
     catalog = getattr(metafunc.module, "CATALOG", None)
-    for kind in ("correct", "mistake", "tamper"):
+    for kind in ("correct", "mistake", "tamper", "sample"):
         if f"{kind}_case" in metafunc.fixturenames:
             metafunc.parametrize(f"{kind}_case", catalog.names(kind) if catalog else [])
+
+
+PIPELINE_FIXTURES = {"grade_catalog"}
+# Modules whose tests run the grader's command line, a class run or the book build (each
+# through nbgrader and the sandboxed kernel, or Sphinx): the full tier only.
+PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_report", "test_readme",
+                    "test_nbgrader_e2e", "test_book", "test_chinese_edition"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that grades through the real pipeline (its fixtures or its module say so) is marked ``pipeline``."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                (module is not None and module.__name__.rpartition(".")[2] in PIPELINE_MODULES):
+            item.add_marker(pytest.mark.pipeline)

@@ -273,12 +273,12 @@ MISTAKES = {
 INDEPENDENT = {
     # A broken masked_softmax must not cost points in AdditiveAttention or the decoder.
     "broken_masked_softmax": (sub({"masked_softmax": masked_softmax("return scores")}),
-                              {t: "" for t in MS_TESTS}),
+                              {t: "values differ from the reference" for t in MS_TESTS}),
     # A broken AdditiveAttention must not cost points in the decoder, which constructs it.
     "broken_additive": (sub({"AdditiveAttention": additive("""
             weights = torch.full(keys.shape[:2], 1.0 / keys.shape[1])
             return values.mean(dim=1), weights
-        """)}), {t: "" for t in AA_TESTS}),
+        """)}), {t: "output and weights differ from the reference" for t in AA_TESTS}),
     "stub_additive_and_masked_softmax": (sub({
         "AdditiveAttention": additive("raise NotImplementedError()"),
         "masked_softmax": masked_softmax("raise NotImplementedError()")}),

@@ -242,7 +242,8 @@ INDEPENDENT = {
     # A broken attention function must not cost points in SelfAttention, which calls it.
     "broken_sdpa_calls_from_self_attention": (
         submission({"scaled_dot_product_attention": sdpa("return value, None")}),
-        {t: "" for t in SDPA_TESTS}),
+        {t: "returned a NoneType" if t.endswith(("worked_example", "mask")) else "returned shape"
+         for t in SDPA_TESTS}),
     "looping_sdpa": (submission({"scaled_dot_product_attention": sdpa("while True:\n    pass")}),
                      {t: "longer than" for t in SDPA_TESTS}),
     "kernel_exits_before_self_attention": (
@@ -281,7 +282,3 @@ CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEP
                   tampering={k: tampered("02_self_attention", v) for k, v in TAMPERING.items()})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG
-
-
-def test_grader_files_untouched():
-    assert "# pwned" not in (ROOT / "autograder" / "hidden.py").read_text()

@@ -258,7 +258,7 @@ MISTAKES = {
 INDEPENDENT = {
     # Broken split/merge must not cost points in MultiHeadAttention, which calls them.
     "broken_split_and_merge": (sub({"split_heads": split("return x"), "merge_heads": merge("return x")}),
-                               {"test_split_heads": "", "test_merge_heads": ""}),
+                               {"test_split_heads": "returned shape", "test_merge_heads": "returned shape"}),
     "looping_split": (sub({"split_heads": split("while True:\n    pass")}), {"test_split_heads": "longer than"}),
     "stub_mha_only": (sub({"MultiHeadAttention": mha("raise NotImplementedError()")}),
                       {t: "not implemented yet" for t in MHA_TESTS}),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered, common_tampering
+from catalog import Catalog, common_tampering, tampered, with_body, with_methods
 from conftest import submission
 
 CHAPTER = "05_transformer"
@@ -34,68 +34,19 @@ def body(text: str, indent: int = 8) -> str:
 
 
 def ffn(forward: str, extra: str = "") -> str:
-    return textwrap.dedent('''
-        class FeedForward(nn.Module):
-            def __init__(self, d_model, d_ff, dropout=0.0):
-                super().__init__()
-                self.linear1 = nn.Linear(d_model, d_ff)
-                self.linear2 = nn.Linear(d_ff, d_model)
-                self.dropout = nn.Dropout(dropout)
-
-            def forward(self, x):
-        ''') + body(forward) + textwrap.indent(textwrap.dedent(extra), "    ")
+    return with_body(CHAPTER, "FeedForward", "FeedForward.forward", forward, extra)
 
 
 def encoder(forward: str, extra: str = "") -> str:
-    return textwrap.dedent('''
-        class EncoderLayer(nn.Module):
-            def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False):
-                super().__init__()
-                self.self_attn = MultiHeadAttention(d_model, num_heads)
-                self.ffn = FeedForward(d_model, d_ff, dropout)
-                self.norm1 = nn.LayerNorm(d_model)
-                self.norm2 = nn.LayerNorm(d_model)
-                self.dropout = nn.Dropout(dropout)
-                self.norm_first = norm_first
-
-            def forward(self, x, mask=None):
-        ''') + body(forward) + textwrap.indent(textwrap.dedent(extra), "    ")
+    return with_body(CHAPTER, "EncoderLayer", "EncoderLayer.forward", forward, extra)
 
 
 def decoder(forward: str, extra: str = "") -> str:
-    return textwrap.dedent('''
-        class DecoderLayer(nn.Module):
-            def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False):
-                super().__init__()
-                self.self_attn = MultiHeadAttention(d_model, num_heads)
-                self.cross_attn = MultiHeadAttention(d_model, num_heads)
-                self.ffn = FeedForward(d_model, d_ff, dropout)
-                self.norm1 = nn.LayerNorm(d_model)
-                self.norm2 = nn.LayerNorm(d_model)
-                self.norm3 = nn.LayerNorm(d_model)
-                self.dropout = nn.Dropout(dropout)
-                self.norm_first = norm_first
-
-            def forward(self, x, memory, tgt_mask=None, memory_mask=None):
-        ''') + body(forward) + textwrap.indent(textwrap.dedent(extra), "    ")
+    return with_body(CHAPTER, "DecoderLayer", "DecoderLayer.forward", forward, extra)
 
 
 def transformer(methods: str) -> str:
-    return textwrap.dedent('''
-        class Transformer(nn.Module):
-            def __init__(self, src_vocab, tgt_vocab, d_model, num_heads, num_layers, d_ff, max_len=512, dropout=0.0):
-                super().__init__()
-                self.d_model = d_model
-                self.src_embed = nn.Embedding(src_vocab, d_model)
-                self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
-                self.register_buffer("pe", sinusoidal_encoding(max_len, d_model))
-                self.encoder_layers = nn.ModuleList(
-                    EncoderLayer(d_model, num_heads, d_ff, dropout) for _ in range(num_layers))
-                self.decoder_layers = nn.ModuleList(
-                    DecoderLayer(d_model, num_heads, d_ff, dropout) for _ in range(num_layers))
-                self.out = nn.Linear(d_model, tgt_vocab)
-                self.dropout = nn.Dropout(dropout)
-        ''') + textwrap.indent(textwrap.dedent(methods).strip(), "    ") + "\n"
+    return with_methods(CHAPTER, "Transformer", methods)
 
 
 def greedy(text: str) -> str:
@@ -584,13 +535,13 @@ MISTAKES.update({
 # ------------------------------------------------------------------ independence
 INDEPENDENT = {
     # Broken earlier exercises cost nothing in the later ones that use them.
-    "broken_feed_forward": (sub({"FeedForward": ffn("return x")}), {"test_FeedForward": ""}),
+    "broken_feed_forward": (sub({"FeedForward": ffn("return x")}), {"test_FeedForward": "values differ from the reference"}),
     "broken_layers": (sub({"EncoderLayer": encoder("return x"), "DecoderLayer": decoder("return x")}),
-                      {t: "" for t in ENC_TESTS + DEC_TESTS}),
+                      {t: "values differ from the reference" for t in ENC_TESTS + DEC_TESTS}),
     "stub_transformer_only": (sub({"Transformer": transformer(
         "def encode(self, src, src_mask=None):\n    raise NotImplementedError()")}),
-        {"test_Transformer_encode": "not implemented yet", "test_Transformer_decode": "",
-         "test_Transformer_forward": ""}),
+        {"test_Transformer_encode": "not implemented yet", "test_Transformer_decode": "has no attribute 'decode'",
+         "test_Transformer_forward": "not implemented yet"}),
     "looping_greedy": (sub({"greedy_decode": greedy("while True:\n    pass")}), {"test_greedy_decode": "longer than"}),
     "kernel_exits_in_greedy_decode": (sub({"greedy_decode": "import os\nos._exit(0)\n"}),
                                       {"test_greedy_decode": "did not run"}),

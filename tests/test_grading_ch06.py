@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered, common_tampering
+from catalog import Catalog, common_tampering, replaced, tampered, with_body
 from conftest import submission
 
 CHAPTER = "06_efficient_attention"
@@ -46,21 +46,27 @@ def fn(name: str, body: str) -> str:
 
 
 def gqa(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class GroupedQueryAttention(nn.Module):
-            def __init__(self, d_model, num_heads, num_kv_heads):
-                super().__init__()
-                assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0
-                self.num_heads = num_heads
-                self.num_kv_heads = num_kv_heads
-                self.d_head = d_model // num_heads
-                self.W_q = nn.Linear(d_model, d_model)
-                self.W_k = nn.Linear(d_model, num_kv_heads * self.d_head)
-                self.W_v = nn.Linear(d_model, num_kv_heads * self.d_head)
-                self.W_o = nn.Linear(d_model, d_model)
+    return with_body(CHAPTER, "GroupedQueryAttention", "GroupedQueryAttention.forward", forward_body)
 
-            def forward(self, x, mask=None):
-        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+
+# One correct forward (repeat_interleave, explicit scores); each GQA mistake below is a named change of it.
+GQA_BODY = """
+    B, N, _ = x.shape
+    q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
+    k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+    v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
+    group = self.num_heads // self.num_kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = scores.softmax(-1)
+    return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w
+"""
+
+
+def gqa_with(old: str, new: str) -> str:
+    return gqa(replaced(GQA_BODY, old, new))
 
 
 def sub(answers=None, **kwargs):
@@ -400,15 +406,9 @@ MISTAKES = {
                                         "test_flash_attention_causal": "not rescale the running sum",
                                         "test_flash_attention_stability": "not rescale the running sum",
                                         "test_flash_attention_memory": "from the reference"}),
-    "gqa_wrong_kv_head": (sub({"GroupedQueryAttention": gqa("""
-        B, N, _ = x.shape
-        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
-        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        rep = self.num_heads // self.num_kv_heads
-        out, w = attention(q, k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1), mask)
-        return self.W_o(out.transpose(1, 2).reshape(B, N, -1)), w
-    """)}), {"test_GroupedQueryAttention_values": "wrong key/value head", "test_GroupedQueryAttention_mask": "wrong key/value head",
+    "gqa_wrong_kv_head": (sub({"GroupedQueryAttention": gqa_with(
+        "k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
+        "k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")}), {"test_GroupedQueryAttention_values": "wrong key/value head", "test_GroupedQueryAttention_mask": "wrong key/value head",
              "test_GroupedQueryAttention_gradients": "wrong key/value head"}),
     # Correct but quadratic: every value right, only the memory rules fail.
     "flash_quadratic": (sub({"flash_attention": fn("flash_attention", """
@@ -427,16 +427,16 @@ MISTAKES = {
     "flash_builtin_sdpa": (sub({"flash_attention": fn("flash_attention", """
         return F.scaled_dot_product_attention(query, key, value, is_causal=causal)
     """)}), {t: "from scratch" for t in FLASH_TESTS}),
-    "gqa_builtin_enable_gqa": (sub({"GroupedQueryAttention": gqa("""
-        B, N, _ = x.shape
-        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
-        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        _, w = attention(q, k.repeat_interleave(self.num_heads // self.num_kv_heads, 1),
-                         v.repeat_interleave(self.num_heads // self.num_kv_heads, 1), mask)
-        return self.W_o(out.transpose(1, 2).reshape(B, N, -1)), w
-    """)}), {t: "from scratch" for t in GQA_TESTS}),
+    "gqa_builtin_enable_gqa": (sub({"GroupedQueryAttention": gqa_with(
+        "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+        "    scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)\n"
+        "    if mask is not None:\n"
+        '        scores = scores.masked_fill(~mask, float("-inf"))\n'
+        "    w = scores.softmax(-1)\n"
+        "    return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w",
+        "    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)\n"
+        "    _, w = attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask)\n"
+        "    return self.W_o(out.transpose(1, 2).reshape(B, N, -1)), w")}), {t: "from scratch" for t in GQA_TESTS}),
 }
 
 # ------------------------------------------------------------------ independence
@@ -458,32 +458,8 @@ MISTAKES.update({
         {"test_flash_attention_causal": "block on the diagonal needs a mask",
          "test_flash_attention_stability": "block on the diagonal needs a mask",
          "test_flash_attention_memory": "from the reference"}),
-    "gqa_scaled_by_d_model": (sub({"GroupedQueryAttention": gqa("""
-        B, N, _ = x.shape
-        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
-        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        group = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.num_heads * self.d_head)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        w = scores.softmax(-1)
-        return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w
-    """)}), {t: "1/sqrt(d_model)" for t in GQA_TESTS}),
-    "gqa_mask_inverted": (sub({"GroupedQueryAttention": gqa("""
-        B, N, _ = x.shape
-        q = self.W_q(x).view(B, N, self.num_heads, self.d_head).transpose(1, 2)
-        k = self.W_k(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        v = self.W_v(x).view(B, N, self.num_kv_heads, self.d_head).transpose(1, 2)
-        group = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
-        if mask is not None:
-            scores = scores.masked_fill(mask, -1e9)
-        w = scores.softmax(-1)
-        return self.W_o((w @ v).transpose(1, 2).reshape(B, N, -1)), w
-    """)}), {"test_GroupedQueryAttention_mask": "mask polarity inverted"}),
+    "gqa_scaled_by_d_model": (sub({"GroupedQueryAttention": gqa_with("math.sqrt(self.d_head)", "math.sqrt(self.num_heads * self.d_head)")}), {t: "1/sqrt(d_model)" for t in GQA_TESTS}),
+    "gqa_mask_inverted": (sub({"GroupedQueryAttention": gqa_with('masked_fill(~mask, float("-inf"))', "masked_fill(mask, -1e9)")}), {"test_GroupedQueryAttention_mask": "mask polarity inverted"}),
 })
 
 INDEPENDENT = {

@@ -554,7 +554,7 @@ INDEPENDENT = {
     # A broken attention costs nothing in Block, GPT or generate, which use it.
     "stub_attention_only": (sub({"CausalSelfAttention": STUB_CSA}), {t: "not implemented yet" for t in CSA_TESTS}),
     "attention_returns_input": (sub({"CausalSelfAttention": csa("return x, (x, x)")}),
-                                {t: "" for t in CSA_TESTS}),
+                                {t: "returned shape" for t in CSA_TESTS}),
     # A broken GPT costs nothing in load_gpt2_weights or generate.
     "stub_gpt_only": (sub({"GPT": gpt("raise NotImplementedError()")}), {t: "not implemented yet" for t in GPT_TESTS}),
     "looping_filter": (sub({"filter_logits": fn(FILTER_SIG, "while True:\n    pass")}),
