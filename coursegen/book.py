@@ -170,7 +170,7 @@ def edition_config(language: str, lookup) -> str:
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx["language"] = "en" if language == SOURCE_LANGUAGE else language
-    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.language_switch"]
+    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.language_switch", "coursegen.accessible_pages"]
     other = TRANSLATIONS[0] if language == SOURCE_LANGUAGE else SOURCE_LANGUAGE
     sphinx["course_edition"] = {
         "other_root": f"{other}/" if language == SOURCE_LANGUAGE else "../",
