@@ -35,17 +35,23 @@ from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE, TRANSLATIONS, is_te
 
 from . import ROOT, chapters, strip_solution_markers
 from .catalogs import FRONT_MATTER, translations
+from .figure_alt import with_figure_alt_text
 from .front_matter import translated_page
 
 BUILD = ROOT / "_build"
 STAGE = BUILD / "src"
 EXEC_CACHE = BUILD / "executed"
 HTML = BUILD / "html"
-BOOK_PAGES = ("intro.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
+BOOK_PAGES = ("intro.md", "start_here.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
 BOOK_DATA = ("_toc.yml", "locales/glossary.csv", "docs/images/class-report.png",  # images: the README's
              "docs/images/class-similarity.png")
 # The words of the link to the other edition, in that edition's language.
 EDITION_NAMES = {SOURCE_LANGUAGE: "English", "zh_CN": "中文"}
+# The course's public repository (e.g. https://github.com/ORG/REPO), set by the deploying workflow:
+# it turns on the repository, Colab and Binder buttons. Without it they stay off.
+REPOSITORY_URL = "COURSE_REPOSITORY_URL"
+REPOSITORY_BRANCH = "main"
+LAUNCH_SERVICES = {"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
 
@@ -152,7 +158,7 @@ def stage(found, language: str = SOURCE_LANGUAGE) -> Path:
         (folder / name).write_text(text)
     (folder / "_config.yml").write_text(edition_config(language, lookup))
     for chapter in found:
-        nb = with_tests_collapsed(executed_chapter(chapter, language))
+        nb = with_figure_alt_text(with_tests_collapsed(executed_chapter(chapter, language)), language)
         if language != SOURCE_LANGUAGE:
             nb = with_glued_numbers_of(executed_chapter(chapter), nb)
         nbformat.write(nb, folder / "chapters" / f"{chapter.name}.ipynb")
@@ -164,7 +170,7 @@ def edition_config(language: str, lookup) -> str:
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx["language"] = "en" if language == SOURCE_LANGUAGE else language
-    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.language_switch"]
+    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.language_switch", "coursegen.accessible_pages"]
     other = TRANSLATIONS[0] if language == SOURCE_LANGUAGE else SOURCE_LANGUAGE
     sphinx["course_edition"] = {
         "other_root": f"{other}/" if language == SOURCE_LANGUAGE else "../",
@@ -174,7 +180,26 @@ def edition_config(language: str, lookup) -> str:
     if lookup is not None:
         title = lookup(f"# {config['title']}")  # the front page's heading, without its glossary note
         config["title"] = re.sub(r"（[^）]*）", "", title[2:]) if title else config["title"]
+    with_launch_buttons(config, language)
     return yaml.safe_dump(config, allow_unicode=True, sort_keys=False)
+
+
+def with_launch_buttons(config: dict, language: str) -> dict:
+    """CONFIG with the repository, Colab and Binder buttons when $COURSE_REPOSITORY_URL names the repository.
+
+    They open the edition's learner notebook (``coursegen.launch_buttons``); Binder installs
+    binder/requirements.txt.
+    """
+    url = os.environ.get(REPOSITORY_URL, "").strip().rstrip("/")
+    if not url:
+        return config
+    config["repository"] = {"url": url, "branch": REPOSITORY_BRANCH, "path_to_book": ""}
+    config.setdefault("html", {})["use_repository_button"] = True
+    config.setdefault("launch_buttons", {}).update(LAUNCH_SERVICES)
+    sphinx = config["sphinx"]["config"]
+    sphinx["extensions"] = [*sphinx["extensions"], "coursegen.launch_buttons"]
+    sphinx["course_notebook_folder"] = C.learner_notebook("any", language).parent.relative_to(ROOT).as_posix()
+    return config
 
 
 def build(language: str = SOURCE_LANGUAGE) -> None:

@@ -1,4 +1,4 @@
-"""The book's pages outside the chapters: the front page, the glossary and the instructor page.
+"""The book's pages outside the chapters: the front page, Start here, the glossary, the instructor page.
 
 The instructor page includes the README's section for instructors, so that section is
 translated with them; the rest of the README is not published.
@@ -12,7 +12,7 @@ from coursekit.conventions import LOCALES_DIR, ROOT
 
 from .translatable import is_prose, markdown_blocks, translate_markdown
 
-PAGES = ("intro.md", "glossary.md", "instructors.md")
+PAGES = ("intro.md", "start_here.md", "glossary.md", "instructors.md")
 README = "README.md"
 README_SECTION = ("<!-- instructors-page-start -->", "<!-- instructors-page-end -->")
 GLOSSARY = LOCALES_DIR / "glossary.csv"

@@ -62,10 +62,19 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def book() -> Path:
-    """Build the book (always; the executed-notebook cache keeps warm builds short)."""
+    return built_book()
+
+
+@functools.cache
+def built_book() -> Path:
+    """Build the book once per test session (always; the executed-notebook cache keeps warm builds short).
+
+    Other test modules of the built book take it from here.
+    """
     started = time.perf_counter()
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_REPOSITORY_URL"}  # the buttons' off state
     proc = subprocess.run([sys.executable, "-m", "coursegen.book"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=2400)
+                          text=True, timeout=2400, env=env)
     assert proc.returncode == 0, (f"`python -m coursegen.book` failed (exit {proc.returncode}); "
                                   f"warnings are errors.\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     print(f"book built in {time.perf_counter() - started:.1f} s")
