@@ -68,6 +68,11 @@ TYPED = {
     ("07_gpt", "90%"): "definition: the nucleus with p = 0.9",
     ("07_gpt", "140 GB"): "arithmetic: 70 billion 16-bit weights",
     ("07_gpt", "72 KiB"): "arithmetic shown in the answer",
+    ("08_modern_attention", "2 minutes"): "time estimate for the reader (opening)",
+    ("08_modern_attention", "1.5 GB"): "size of the published Qwen3-0.6B checkpoint, not measured here",
+    ("08_modern_attention", "93.3%"): "DeepSeek-V2's published claim, which the chapter checks",
+    ("08_modern_attention", "68.6 KiB"): "arithmetic shown in the answer",
+    ("08_modern_attention", "244 KiB"): "arithmetic shown in the answer",
 }
 
 _NUMBER = (r"(?<![\w.{`$])(?:\d[\d,]*(?:\.\d+)?|a|an|one|two|three|four|five|six|seven|eight|nine|ten"
