@@ -1404,13 +1404,14 @@ glue("local_w_min", f"{min(local_weights):.2f}", display=False)
 # {glue:text}`ppl_sinks`, recomputing the window {glue:text}`ppl_recompute`, full cache
 # {glue:text}`ppl_full`.
 #
-# So, here, keeping the sinks neither helps nor hurts: a two-layer model that predicts
+# So, here, keeping the sinks neither helps nor hurts (the perplexities differ in the
+# second decimal): a two-layer model that predicts
 # characters from the last few characters never learned to park attention on the first
 # token, and evicting it loses nothing the model uses. Xiao et al. measured their effect
 # on models of billions of parameters trained on thousands of tokens, whose many heads
 # often have nothing to attend to and use the first token as a place to put their
-# weight; there, the plain window's perplexity jumps into the hundreds once the first
-# tokens are evicted, and four sinks restore it. What this model does show is the other
+# weight; there, the plain window's perplexity grows by orders of magnitude once the
+# first tokens are evicted, and four sinks restore it. What this model does show is the other
 # half of StreamingLLM's argument: a cache that keeps every token with its text
 # position (full cache) fails as soon as the stream passes the 64 positions the model
 # was trained on, while a fixed cache with positions inside the cache stays at the
@@ -1595,7 +1596,8 @@ glue("paged_gap", f"{paged_gap:.1e}", display=False)
 
 # %% [markdown]
 # The block tables start with the same two physical blocks, the prompt's first 32
-# tokens, stored once; the outputs agree to {glue:text}`paged_gap`. (Writing into a
+# tokens, stored once; the largest difference between the two outputs is
+# {glue:text}`paged_gap`. (Writing into a
 # shared block would change every request that shares it, so vLLM shares only full
 # blocks and copies a block before writing to it, "copy on write"; here the partial
 # third block of the prompt is written by each request itself.)
@@ -1866,7 +1868,7 @@ ROPE_MISTAKES = [
             "feature i + d/2", lambda x, positions, base=10000.0: _rope(x, positions, base, "interleaved")),
     Mistake("the positions argument is ignored: row n is rotated by positions[n], not by n",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "positions_ignored")),
-    Mistake("rotated clockwise (the sign of sin flipped): out_i = a cos - b sin, out_{i+d/2} = a sin + b cos",
+    Mistake("rotated clockwise (the sign of sin flipped): out_i = a cos - b sin, out_(i+d/2) = a sin + b cos",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "clockwise")),
     Mistake("the two rotated halves were concatenated in the wrong order: first a cos - b sin, then a sin + b cos",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "halves_swapped")),

@@ -92,7 +92,7 @@ ROPE_MISTAKES = [
             "feature i + d/2", lambda x, positions, base=10000.0: _rope(x, positions, base, "interleaved")),
     Mistake("the positions argument is ignored: row n is rotated by positions[n], not by n",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "positions_ignored")),
-    Mistake("rotated clockwise (the sign of sin flipped): out_i = a cos - b sin, out_{i+d/2} = a sin + b cos",
+    Mistake("rotated clockwise (the sign of sin flipped): out_i = a cos - b sin, out_(i+d/2) = a sin + b cos",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "clockwise")),
     Mistake("the two rotated halves were concatenated in the wrong order: first a cos - b sin, then a sin + b cos",
             lambda x, positions, base=10000.0: _rope(x, positions, base, "halves_swapped")),

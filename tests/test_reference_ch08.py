@@ -44,11 +44,15 @@ def test_logits_equal_transformers_qwen3(layers, heads, kv_heads, head_dim, d, t
     assert want.abs().mean() > 0.1                       # not a comparison of near-zero logits
 
 
-def test_logits_equal_in_float64():
+def test_logits_equal_in_float64_to_float32_precision():
+    """transformers' Qwen3 computes RMSNorm and the rotary angles in float32 even for a float64 model, so a
+    float64 comparison agrees to float32 precision (and no better: ours is float64 throughout)."""
     hf, ours = _pair(dtype=torch.float64)
     ids = torch.randint(0, 53, (2, 25), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids)[0], hf(ids).logits, atol=1e-9, rtol=1e-7)
+        have, want = ours(ids)[0], hf(ids).logits
+    assert have.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-5)
 
 
 def test_tied_embeddings_load_too():
