@@ -24,8 +24,8 @@ def _rms(m, x, how="ok"):
     if how == "centred":
         c = x - x.mean(-1, keepdim=True)
         return m.weight * c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + m.eps)
-    if how == "wrong_axis":
-        return m.weight * x / torch.sqrt(x.pow(2).mean(-2, keepdim=True) + m.eps)
+    if how.startswith("axis"):                              # the mean over another dimension than the last
+        return m.weight * x / torch.sqrt(x.pow(2).mean(int(how[4:]), keepdim=True) + m.eps)
     if how == "all_axes":
         return m.weight * x / torch.sqrt(x.pow(2).mean() + m.eps)
     if how == "no_sqrt":
@@ -43,8 +43,8 @@ RMS_MISTAKES = [
             lambda m, x: _rms(m, x, "eps_outside")),
     Mistake("the mean was subtracted (LayerNorm): RMSNorm does not centre, it divides x itself by its root mean "
             "square", lambda m, x: _rms(m, x, "centred")),
-    Mistake("the mean of x**2 was taken over the wrong axis: one value per vector, over the LAST dimension",
-            lambda m, x: _rms(m, x, "wrong_axis")),
+    *[Mistake("the mean of x**2 was taken over the wrong axis: one value per vector, over the LAST dimension",
+              lambda m, x, dim=dim: _rms(m, x, f"axis{dim}")) for dim in (0, 1, -2)],
     Mistake("the mean of x**2 was taken over the whole tensor: one value per vector, over the last dimension "
             "(mean(dim=-1, keepdim=True))", lambda m, x: _rms(m, x, "all_axes")),
     Mistake("the square root is missing: divide by sqrt(mean(x**2) + eps), not by the mean square",
