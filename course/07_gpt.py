@@ -705,7 +705,7 @@ glue("n_gpt2", f"{n_gpt2:,}", display=False)
 # one CPU thread (when this book was built). The exact text, and so the numbers below,
 # depend a little on the Python version.
 
-# %% [tags=hide-input]
+# %% [name=docstring_corpus tags=hide-input]
 STDLIB_MODULES = ["argparse", "calendar", "collections/__init__", "csv", "datetime", "difflib", "fractions",
                   "functools", "heapq", "inspect", "json/__init__", "logging/__init__", "pathlib", "random",
                   "shutil", "statistics", "string", "textwrap", "threading", "typing", "zipfile", "pprint",

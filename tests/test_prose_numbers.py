@@ -68,6 +68,14 @@ TYPED = {
     ("07_gpt", "90%"): "definition: the nucleus with p = 0.9",
     ("07_gpt", "140 GB"): "arithmetic: 70 billion 16-bit weights",
     ("07_gpt", "72 KiB"): "arithmetic shown in the answer",
+    ("08_modern_attention", "2 minutes"): "time estimate for the reader (opening)",
+    ("08_modern_attention", "1.5 GB"): "size of the published Qwen3-0.6B checkpoint, not measured here",
+    ("08_modern_attention", "93.3%"): "DeepSeek-V2's published claim, which the chapter checks",
+    ("08_modern_attention", "68.6 KiB"): "arithmetic shown in the answer",
+    ("08_modern_attention", "244 KiB"): "arithmetic shown in the answer",
+    ("08_modern_attention", "several times smaller"): "what GQA does by definition (h / h_kv), in the overview table",
+    ("08_modern_attention", "8 times the"): "a length the text sets: a stream of 512 characters against a context of 64",
+    ("08_modern_attention", "16 times fewer"): "arithmetic shown in the answer: 8 key heads against 128",
 }
 
 _NUMBER = (r"(?<![\w.{`$])(?:\d[\d,]*(?:\.\d+)?|a|an|one|two|three|four|five|six|seven|eight|nine|ten"
