@@ -137,6 +137,15 @@ class _Session:
         return self._results.get(test_id)
 
 
+def _leading_empty_lines_dropped(source: str) -> str:
+    """As IPython runs a cell (its ``leading_empty_lines`` transform): line numbers in errors agree."""
+    lines = source.splitlines(True)
+    for i, line in enumerate(lines):
+        if line and not line.isspace():
+            return "".join(lines[i:])
+    return source
+
+
 def grade_notebook(path) -> dict:
     """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
 
@@ -180,7 +189,7 @@ def grade_notebook(path) -> dict:
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             for index, cell in enumerate(c for c in clean.cells if c.cell_type == "code"):
-                source = restored.get(C.grade_id(cell), cell.source)
+                source = _leading_empty_lines_dropped(restored.get(C.grade_id(cell), cell.source))
                 filename = f"/tmp/ipykernel_0/{index}.py"     # as IPython names a cell (probe's _error_text)
                 linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
                 grade_id = C.grade_id(cell)
