@@ -810,8 +810,8 @@ glue("lm_val_ppl", f"{math.exp(lm_val_loss):.2f}", display=False)
 
 # %% [markdown]
 # In {glue:text}`train_seconds` seconds the model reaches a validation perplexity of
-# {glue:text}`lm_val_ppl` per character on windows of 64 characters, about what
-# Chapter 7's GPT reached with the same budget. We use it in Section 9.
+# {glue:text}`lm_val_ppl` per character on windows of 64 characters. We use it in
+# Section 9.
 
 # %% [markdown]
 # ## 8. Multi-head latent attention (DeepSeek-V2)
