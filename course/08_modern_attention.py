@@ -1438,7 +1438,7 @@ glue("local_w_min", f"{min(local_weights):.2f}", display=False)
 # at slot `t % block_size`. The given class below manages the pool; its blocks come from
 # a shuffled free list, so that physical and logical block numbers differ.
 
-# %%
+# %% [export]
 class PagedKVCache:
     """Given: a pool of fixed-size key/value blocks and one block table per sequence."""
 
