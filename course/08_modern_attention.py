@@ -810,8 +810,8 @@ glue("lm_val_ppl", f"{math.exp(lm_val_loss):.2f}", display=False)
 
 # %% [markdown]
 # In {glue:text}`train_seconds` seconds the model reaches a validation perplexity of
-# {glue:text}`lm_val_ppl` per character on windows of 64 characters, about what
-# Chapter 7's GPT reached with the same budget. We use it in Section 9.
+# {glue:text}`lm_val_ppl` per character on windows of 64 characters. We use it in
+# Section 9.
 
 # %% [markdown]
 # ## 8. Multi-head latent attention (DeepSeek-V2)
@@ -1438,7 +1438,7 @@ glue("local_w_min", f"{min(local_weights):.2f}", display=False)
 # at slot `t % block_size`. The given class below manages the pool; its blocks come from
 # a shuffled free list, so that physical and logical block numbers differ.
 
-# %%
+# %% [export]
 class PagedKVCache:
     """Given: a pool of fixed-size key/value blocks and one block table per sequence."""
 
@@ -2251,6 +2251,8 @@ def _(t):
                label="no sinks (a plain window), d_v != d_k")
     t.function("evict_to_sinks", t.randn(1, 2, 11, 4, dtype=torch.float64), t.randn(1, 2, 11, 4, dtype=torch.float64),
                3, 4, mistakes=EVICT_MISTAKES, label="float64, T=11, 3 sinks, window 4")
+    t.function("evict_to_sinks", t.randn(1, 2, 7, 8), t.randn(1, 2, 7, 8), 1, 4, mistakes=EVICT_MISTAKES,
+               label="T=7, 1 sink, window 4, d=8: evict as soon as T > num_sinks + window")
 
 
 # %% [hidden]

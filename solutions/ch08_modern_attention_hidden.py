@@ -470,6 +470,8 @@ def _(t):
                label="no sinks (a plain window), d_v != d_k")
     t.function("evict_to_sinks", t.randn(1, 2, 11, 4, dtype=torch.float64), t.randn(1, 2, 11, 4, dtype=torch.float64),
                3, 4, mistakes=EVICT_MISTAKES, label="float64, T=11, 3 sinks, window 4")
+    t.function("evict_to_sinks", t.randn(1, 2, 7, 8), t.randn(1, 2, 7, 8), 1, 4, mistakes=EVICT_MISTAKES,
+               label="T=7, 1 sink, window 4, d=8: evict as soon as T > num_sinks + window")
 
 
 def _paged(query, k_cache, v_cache, block_table, seq_lens, how="ok"):

@@ -149,6 +149,11 @@ COINCIDENCES = {
     ("06_efficient_attention", "0.25"): "the Performer scale the text sets; the glued lsh_plain4_90 rounds to it",
     ("04_positional_encoding", "32"): "d_model = 32, which the text sets; the glued rope_until (a measured "
                                       "length) is 32 too",
+    ("08_modern_attention", "128"): "sizes the text sets (128 heads, head widths of 128 in published configs); "
+                                    "the glued llama_token_kib (KiB per token) is 128 too",
+    ("08_modern_attention", "32"): "sizes the text sets (a cache of 32 tokens, the prompt's first 32 tokens); the "
+                                   "glued contig_gib happens to be 32 too",
+    ("08_modern_attention", "576"): "DeepSeek-V3's published 512 + 64 in the question; the glued v3_elems is its sum",
 }
 # Timings change from run to run (and machine to machine): a typed number that equals one is chance,
 # and judging them would make this test fail on some runs and pass on others.
