@@ -100,7 +100,10 @@ def test_the_book_is_built_with_make_book_and_deployed_to_pages_on_every_push_to
         assert action in uses, f"{action} is not used"
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact"))
     assert upload["with"]["path"] == "_build/html", "the deployed folder is not _build/html"
-    assert book["permissions"]["pages"] == "write" and book["permissions"]["id-token"] == "write"
+    deploy = next(job for job in book["jobs"].values()
+                  if any(s.get("uses", "").startswith("actions/deploy-pages") for s in job.get("steps", [])))
+    assert deploy["permissions"] == {"pages": "write", "id-token": "write"}, deploy.get("permissions")
+    assert deploy["environment"]["name"] == "github-pages"
     env = {k: v for job in book["jobs"].values() for k, v in job.get("env", {}).items()}
     assert "github.repository" in env.get("COURSE_REPOSITORY_URL", ""), \
         "the deploying workflow does not give the book its repository (the launch buttons stay off)"
