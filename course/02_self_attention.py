@@ -923,7 +923,7 @@ print("fill -1e9 :", torch.softmax(scores.masked_fill(~row_mask, -1e9), dim=-1))
 try:
     scores.half().masked_fill(~row_mask, -1e9)
 except RuntimeError as err:
-    print("fill -1e9 in float16:", err)
+    print("fill -1e9 in float16:", repr(err))                # PyTorch's message, as Python shows it
 print("fill finfo.min in float16:",
       torch.softmax(scores.half().masked_fill(~row_mask, torch.finfo(torch.float16).min).float(), dim=-1))
 qq = torch.randn(1, 2, 4)   # (B, N_q = 2, d_k): the second query has no allowed key

@@ -956,9 +956,9 @@ glue("two_head_focus", torch.maximum(left, right).min().item(), display=False)
 digits = [str(t) for t in test_tokens[0].tolist()]
 for h in (2, 4):
     left, right = neighbour_focus(neighbour_weights[h])
-    titles = [f"head {i}: " + ("left" if l > r else "right") + f" ({max(l, r):.2f})"
-              for i, (l, r) in enumerate(zip(left, right))]
-    visualize_attention(neighbour_weights[h][0], digits, digits, titles=titles)
+    visualize_attention(neighbour_weights[h][0], digits, digits,
+                        titles=[f"head {i}: left ({l:.2f})" if l > r else f"head {i}: right ({r:.2f})"
+                                for i, (l, r) in enumerate(zip(left, right))])
     plt.suptitle(f"{h} heads, one test sequence (rows: queries, columns: keys)", fontsize=10)
     plt.show()
 

@@ -188,7 +188,7 @@ print("positions 0..15:", tuple(table(torch.arange(16)).shape))
 try:
     table(torch.tensor([16]))
 except IndexError as err:
-    print("position 16:", type(err).__name__, "-", err)
+    print("position 16:", repr(err))
 
 # %% [markdown]
 # GPT-2, for instance, learned 1024 such vectors, and could therefore never read a
@@ -958,6 +958,7 @@ def train_position_model(method, train_len=16, steps=400, seed=0):
 
 
 methods = ["none", "learned", "sinusoidal", "rope", "alibi"]
+METHOD_TEXT = dict(none="none", learned="learned", sinusoidal="sinusoidal", rope="RoPE", alibi="ALiBi")
 started = time.perf_counter()
 position_models = {m: train_position_model(m) for m in methods}
 print(f"trained {len(methods)} models in {time.perf_counter() - started:.1f} s")
@@ -968,9 +969,9 @@ with torch.no_grad():
     for m, model in position_models.items():
         correct[m] = (model(test_tokens).argmax(-1) == test_targets).float().mean(0)   # (128,) per position
 ranges = [(1, 16), (16, 32), (32, 64), (64, 128)]
-print(f"{'method':>11} " + " ".join(f"{f'pos {a}-{b - 1}':>11}" for a, b in ranges))
+print(" ".join(f"{f'pos {a}-{b - 1}':>11}" for a, b in ranges) + "   method")   # names last: any width
 for m in methods:
-    print(f"{m:>11} " + " ".join(f"{correct[m][a:b].mean().item():11.2f}" for a, b in ranges))
+    print(" ".join(f"{correct[m][a:b].mean().item():11.2f}" for a, b in ranges) + f"   {METHOD_TEXT[m]}")
 
 def mean_accuracy(method, a, b):
     return correct[method][a:b].mean().item()
@@ -991,7 +992,7 @@ fig, ax = plt.subplots(figsize=(8, 3.8))
 window = 4
 for m in methods:
     smooth = F.avg_pool1d(correct[m][1:][None, None], window, stride=1)[0, 0]   # running mean over 4 positions
-    ax.plot(torch.arange(1, 1 + smooth.numel()) + (window - 1) / 2, smooth, label=m)
+    ax.plot(torch.arange(1, 1 + smooth.numel()) + (window - 1) / 2, smooth, label=METHOD_TEXT[m])
 ax.axvline(15.5, color="gray", ls="--")
 ax.text(16.5, 0.05, "trained up to here", color="gray", fontsize=8)
 ax.axhline(1 / 16, color="gray", ls=":", lw=1)

@@ -1840,10 +1840,10 @@ plt.show()
 # %%
 torch.manual_seed(0)
 d = 64
-layers = {"self-attention": MultiHeadAttention(d, 1),
+layers = {"self-attention (1 head)": MultiHeadAttention(d, 1),
           "recurrent (GRU)": nn.GRU(d, d, batch_first=True),
           "convolution (k = 3)": nn.Conv1d(d, d, 3, padding=1)}
-calls = {"self-attention": lambda m, x: m(x, x, x),
+calls = {"self-attention (1 head)": lambda m, x: m(x, x, x),
          "recurrent (GRU)": lambda m, x: m(x),
          "convolution (k = 3)": lambda m, x: m(x.transpose(1, 2))}
 
@@ -1865,14 +1865,14 @@ with torch.no_grad():
         x = torch.randn(1, n, d)
         for name, layer in layers.items():
             layer_ms[name].append(best_ms(lambda: calls[name](layer, x)))
-print("n        " + "".join(f"{n:>9d}" for n in ns))
+print("".join(f"{n:>9d}" for n in ns) + "   n (times in ms)")          # names last: any width
 for name, ms in layer_ms.items():
-    print(f"{name:20s}" + "".join(f"{t:9.2f}" for t in ms) + "  ms")
+    print("".join(f"{t:9.2f}" for t in ms) + f"   {name}")
 growth = {name: math.log(ms[-1] / ms[-3]) / math.log(ns[-1] / ns[-3]) for name, ms in layer_ms.items()}
 print("growth exponent over the last two doublings:", {k: round(v, 2) for k, v in growth.items()})
-glue("attn_exponent", growth["self-attention"], display=False)
+glue("attn_exponent", growth["self-attention (1 head)"], display=False)
 glue("gru_exponent", growth["recurrent (GRU)"], display=False)
-glue("attn_ms_long", layer_ms["self-attention"][-1], display=False)
+glue("attn_ms_long", layer_ms["self-attention (1 head)"][-1], display=False)
 glue("gru_ms_long", layer_ms["recurrent (GRU)"][-1], display=False)
 
 # %% [tags=hide-input]
@@ -1881,7 +1881,7 @@ COST_TEXT = dict(title=r"One layer, $d = 64$, one sequence", x="sequence length 
 fig, ax = plt.subplots(figsize=(6.2, 3.9))
 for (name, ms), marker in zip(layer_ms.items(), ["o-", "s-", "^-"]):
     ax.loglog(ns, ms, marker, markersize=4, label=name)
-ref = layer_ms["self-attention"][-1]
+ref = layer_ms["self-attention (1 head)"][-1]
 ax.loglog(ns, [ref * (n / ns[-1]) ** 2 for n in ns], ":", color="gray", label=COST_TEXT["ref2"])
 ax.loglog(ns, [ref * (n / ns[-1]) for n in ns], "-.", color="lightgray", label=COST_TEXT["ref1"])
 ax.set_xticks(ns, [str(n) for n in ns])

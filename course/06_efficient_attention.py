@@ -280,20 +280,20 @@ def plot_scaling(results, title, text=FIG_SCALING):
 # %%
 SIZES_1 = [256, 512, 1024, 2048, 4096]
 started = time.perf_counter()
-baseline = sweep({"naive": (naive, 4096, 4096), "F.scaled_dot_product_attention": (builtin, 4096, 4096)},
+baseline = sweep({"naive attention": (naive, 4096, 4096), "F.scaled_dot_product_attention": (builtin, 4096, 4096)},
                  SIZES_1)
 print(f"measured in {time.perf_counter() - started:.0f} s")
 plot_scaling(baseline, FIG_SCALING["baseline"])
 plt.show()
 
-ns, secs, mibs = baseline["naive", False]
+ns, secs, mibs = baseline["naive attention", False]
 glue("naive_time_slope", slope(ns, secs), display=False)
 glue("naive_mem_slope", slope(ns, mibs), display=False)
 glue("naive_mem_4096", mibs[-1], display=False)
 glue("sdpa_mem_4096", baseline["F.scaled_dot_product_attention", False][2][-1], display=False)
 for (name, backward), (ns, secs, mibs) in baseline.items():
-    print(f"{name:32s} {'fwd+bwd' if backward else 'fwd':8s} " +
-          "  ".join(f"N={n}: {s * 1e3:7.1f} ms {m:6.0f} MiB" for n, s, m in zip(ns[-2:], secs[-2:], mibs[-2:])))
+    print("  ".join(f"N={n}: {s * 1e3:7.1f} ms {m:6.0f} MiB" for n, s, m in zip(ns[-2:], secs[-2:], mibs[-2:])) +
+          f"   {'fwd+bwd' if backward else 'fwd':8s} {name}")                  # names last: any width
 
 # %% [markdown]
 # Over the three largest sizes, the naive forward pass grows with slope
@@ -627,8 +627,6 @@ ks = [8, 16, 32, 64, 128]
 started = time.perf_counter()
 lin_errors = {kind: [linformer_error(k, kind) for k in ks] for kind in ("random", "pooling", "trained")}
 print(f"measured in {time.perf_counter() - started:.0f} s")
-for kind, errs in lin_errors.items():
-    print(f"{kind:8s} " + "  ".join(f"k={k}: {e:.3f}" for k, e in zip(ks, errs)))
 glue("lin_random_64", lin_errors["random"][ks.index(64)], display=False)
 glue("lin_trained_64", lin_errors["trained"][ks.index(64)], display=False)
 glue("lin_pool_64", lin_errors["pooling"][ks.index(64)], display=False)
@@ -638,6 +636,8 @@ FIG_LINFORMER = dict(title="Linformer: error against the projected length k (N =
                      xlabel="projected length k", ylabel="relative error of the output",
                      labels={"random": "random projection", "pooling": "segment pooling",
                              "trained": "trained projection (120 Adam steps)"})
+for kind, errs in lin_errors.items():
+    print("  ".join(f"k={k}: {e:.3f}" for k, e in zip(ks, errs)) + f"   {FIG_LINFORMER['labels'][kind]}")
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 for kind, errs in lin_errors.items():
     ax.semilogx(ks, errs, "o-", base=2, label=FIG_LINFORMER["labels"][kind])
@@ -983,7 +983,8 @@ n_pf, d_pf = 512, 32
 q_pf, k_pf, v_pf = (torch.randn(4, n_pf, d_pf, generator=g_norm, dtype=torch.float64) for _ in range(3))
 first_half = (torch.arange(d_pf) < d_pf // 2).double()
 norm_settings = {f"x {s}": (s * q_pf, s * k_pf) for s in (0.25, 0.5, 0.75, 1.0)}
-norm_settings["x 1, q and k orthogonal"] = (math.sqrt(2) * q_pf * first_half, math.sqrt(2) * k_pf * (1 - first_half))
+norm_settings.update({"x 1, q and k orthogonal": (math.sqrt(2) * q_pf * first_half,
+                                                   math.sqrt(2) * k_pf * (1 - first_half))})
 norm_rows = {}
 for name, (q_s, k_s) in norm_settings.items():
     w = torch.softmax(q_s @ k_s.transpose(-2, -1) / math.sqrt(d_pf), dim=-1)          # (4, N, N)
@@ -992,10 +993,10 @@ for name, (q_s, k_s) in norm_settings.items():
     pair_norm = (q_s.pow(2).sum(-1).mean(-1) + k_s.pow(2).sum(-1).mean(-1)            # mean over all (i, j)
                  + 2 * (q_s.mean(1) * k_s.mean(1)).sum(-1)).mean().item() / math.sqrt(d_pf)   # of |q_i + k_j|^2
     norm_rows[name] = (pair_norm, flatness, peak, performer_error_of(q_s, k_s, v_pf))
-print(f"{'queries and keys':26s} {'|q+k|^2 / sqrt(d)':>17s} {'entropy / log N':>15s} "
-      f"{'max weight x N':>14s} {'error, m = 256':>14s}")
+print(f"{'|q+k|^2 / sqrt(d)':>17s} {'entropy / log N':>15s} {'max weight x N':>14s} {'error, m = 256':>14s}"
+      "   queries and keys")                                                  # names last: any width
 for name, (pair_norm, flatness, peak, err) in norm_rows.items():
-    print(f"{name:26s} {pair_norm:17.2f} {flatness:15.3f} {peak:14.1f} {err:14.2f}")
+    print(f"{pair_norm:17.2f} {flatness:15.3f} {peak:14.1f} {err:14.2f}   {name}")
 glue("pf_norm_x1", norm_rows["x 1.0"][0], display=False)
 glue("pf_flat_x1", norm_rows["x 1.0"][1], display=False)
 glue("pf_peak_x1", norm_rows["x 1.0"][2], display=False)
@@ -1796,7 +1797,7 @@ def linformer_fixed_k(q, k, v, k_proj=256):
 
 
 all_methods = {  # name: (function, largest N forward, largest N forward + backward)
-    "naive": (naive, 8192, 4096),
+    "naive attention": (naive, 8192, 4096),
     "F.scaled_dot_product_attention": (builtin, 16384, 4096),
     "flash_attention (blocks of 512)": (lambda q, k, v: flash_attention_trainable(q, k, v, 512), 16384, 4096),
     "linear_attention": (lambda q, k, v: linear_attention(q, k, v), 16384, 16384),
@@ -1814,7 +1815,7 @@ glue("flash_vs_sdpa_16k", secs_f[-1] / secs_s[-1], display=False)
 glue("flash_time_slope", slope(ns_f, secs_f), display=False)
 glue("linear_time_slope", slope(ns_l, secs_l), display=False)
 glue("flash_mem_16k", mibs_f[-1], display=False)
-glue("naive_mem_8k", everything["naive", False][2][-1], display=False)
+glue("naive_mem_8k", everything["naive attention", False][2][-1], display=False)
 
 # %% [markdown]
 # What each method saves, read off the curves:

@@ -1520,10 +1520,15 @@ else:
 # (`~/.cache/huggingface`), later runs load it from there, offline too.
 
 # %%
+SKIP_TEXT = dict(missing="transformers is not installed",
+                 offline="{variable} is set, and no GPT-2 checkpoint is cached on this machine",
+                 network="no network (huggingface.co could not be reached in {timeout:g} s)")
+
+
 def load_real_gpt2(timeout=3.0):
     """Your GPT with OpenAI's GPT-2 small weights, and its tokenizer; or (None, None, reason)."""
     if transformers is None:
-        return None, None, "transformers is not installed"
+        return None, None, SKIP_TEXT["missing"]
     from transformers import AutoTokenizer
     offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "0") not in ("0", "")]
     try:                                                      # a checkpoint already on this machine?
@@ -1531,11 +1536,11 @@ def load_real_gpt2(timeout=3.0):
         hf = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=True)
     except Exception:                                         # noqa: BLE001 - not cached: download it
         if offline:
-            return None, None, f"{offline[0]} is set, and no GPT-2 checkpoint is cached on this machine"
+            return None, None, SKIP_TEXT["offline"].format(variable=offline[0])
         try:
             socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        except OSError as err:
-            return None, None, f"no network (huggingface.co could not be reached in {timeout:g} s: {err})"
+        except OSError:
+            return None, None, SKIP_TEXT["network"].format(timeout=timeout)
         tok = AutoTokenizer.from_pretrained("gpt2")
         hf = GPT2LMHeadModel.from_pretrained("gpt2")
     c = hf.config

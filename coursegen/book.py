@@ -54,6 +54,32 @@ REPOSITORY_BRANCH = "main"
 LAUNCH_SERVICES = {"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
+# A translated chapter's run records every string its figures draw (titles, labels, tick labels,
+# legends, annotations, table cells), as cell metadata of the cached notebook: tests read it
+# for English left in the translation without running the chapter a second time.
+FIGURE_TEXT = "figure_text"
+FIGURE_TEXT_FILE = ".figure_text.json"
+RECORD_FIGURE_TEXT = f'''
+import json as _json
+import matplotlib.backend_bases as _backend_bases, matplotlib.text as _text
+_drawn, _figure_text, _text_draw, _print_figure = [], [], _text.Text.draw, _backend_bases.FigureCanvasBase.print_figure
+_cell = [None]
+get_ipython().events.register("pre_run_cell", lambda info: _cell.__setitem__(0, info.raw_cell))  # matched to its cell by source
+def _recording_draw(self, renderer):
+    if self.get_visible() and self.get_text().strip() and self.get_text() not in _drawn:
+        _drawn.append(self.get_text())
+    return _text_draw(self, renderer)
+def _recording_print_figure(self, *args, **kwargs):
+    _drawn.clear()
+    result = _print_figure(self, *args, **kwargs)
+    _figure_text.append({{"cell": _cell[0], "text": list(_drawn)}})
+    with open({FIGURE_TEXT_FILE!r}, "w") as _file:
+        _json.dump(_figure_text, _file, ensure_ascii=False)
+    return result
+_text.Text.draw, _backend_bases.FigureCanvasBase.print_figure = _recording_draw, _recording_print_figure
+with open({FIGURE_TEXT_FILE!r}, "w") as _file:
+    _json.dump(_figure_text, _file)
+'''
 
 
 def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.NotebookNode:
@@ -64,7 +90,9 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
     prefix = chapter.name if language == SOURCE_LANGUAGE else f"{chapter.name}.{language}"
     cached = EXEC_CACHE / f"{prefix}-{key}.ipynb"
     if cached.exists():
-        return nbformat.read(cached, as_version=4)
+        done = nbformat.read(cached, as_version=4)
+        if language == SOURCE_LANGUAGE or FIGURE_TEXT in done.metadata:  # an older cache lacks the record
+            return done
     run = nbformat.from_dict(learner)
     for cell in run.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -72,14 +100,25 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
             cell.source = solutions[grade_id]
     started = time.perf_counter()
     require_figure_font(language)
+    record = language != SOURCE_LANGUAGE  # a translation's figure text is checked for English
+    if record:
+        run.cells.insert(0, nbformat.v4.new_code_cell(RECORD_FIGURE_TEXT))
     with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd:  # files a chapter writes
         NotebookClient(run, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
+        drawn = json.loads((Path(cwd) / FIGURE_TEXT_FILE).read_text()) if record else []
     print(f"executed {prefix} with the reference in {time.perf_counter() - started:.1f} s")
+    if record:
+        run.cells.pop(0)
+        learner.metadata[FIGURE_TEXT] = True
     for cell, done in zip(learner.cells, run.cells):
         if cell.cell_type == "code":
-            cell.outputs = [] if cell.metadata.get("nbgrader", {}).get("solution") else done.outputs
+            solution = cell.metadata.get("nbgrader", {}).get("solution")
+            cell.outputs = [] if solution else done.outputs
             cell.execution_count = None
+            figures = [f["text"] for f in drawn if f["cell"] == done.source]
+            if figures and not solution:
+                cell.metadata[FIGURE_TEXT] = figures
     EXEC_CACHE.mkdir(parents=True, exist_ok=True)
     for old in EXEC_CACHE.glob(f"{prefix}-*.ipynb"):
         old.unlink()
