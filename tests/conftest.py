@@ -42,8 +42,9 @@ def _grade_one(path: str):
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
-    """Grade many submissions, two worker processes (one per core)."""
+def written(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, str]:
+    """Each notebook saved as ``tmp/<name>/<chapter>.ipynb`` (the grader reads the chapter from the
+    file name); name -> path."""
     paths = {}
     for name, nb in notebooks.items():
         folder = tmp / name
@@ -51,6 +52,12 @@ def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
         path = folder / f"{nb.metadata['course']['chapter']}.ipynb"
         nbformat.write(nb, path)
         paths[name] = str(path)
+    return paths
+
+
+def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
+    """Grade many submissions, two worker processes (one per core)."""
+    paths = written(notebooks, tmp)
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
         results = dict(zip(paths, pool.map(_grade_one, paths.values())))
@@ -79,13 +86,7 @@ def _judge_one(path: str):
 def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
     """Judge many submissions in process: two workers, each notebook in a fresh process forked from
     one that has imported torch and the grader (so nothing one notebook does reaches another)."""
-    paths = {}
-    for name, nb in notebooks.items():
-        folder = tmp / name
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{nb.metadata['course']['chapter']}.ipynb"
-        nbformat.write(nb, path)
-        paths[name] = str(path)
+    paths = written(notebooks, tmp)
     os.environ.setdefault("MPLBACKEND", "Agg")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "nbformat", "autograder.inprocess", "autograder.judge.cells"])
@@ -112,13 +113,13 @@ def _cached(tmp_path_factory, grade):
 @pytest.fixture(scope="session")
 def grade_catalog(tmp_path_factory):
     """The real pipeline (nbgrader + sandbox), once per notebook per session."""
-    return _cached(tmp_path_factory, lambda nbs, tmp: grade_notebooks(nbs, tmp))
+    return _cached(tmp_path_factory, grade_notebooks)
 
 
 @pytest.fixture(scope="session")
 def judge_catalog(tmp_path_factory):
     """In process (same call routine, same judge), once per notebook per session."""
-    return _cached(tmp_path_factory, lambda nbs, tmp: judge_notebooks(nbs, tmp))
+    return _cached(tmp_path_factory, judge_notebooks)
 
 
 def pytest_generate_tests(metafunc):

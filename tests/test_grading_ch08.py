@@ -1,14 +1,15 @@
 """Hidden tests of Chapter 8 against a catalog of correct, wrong and hostile submissions.
 
-Every notebook is graded by the real pipeline (nbgrader autograde in the sandboxed kernel,
-judged in the grader's own process). A correct style gets every point; a mistake loses
-exactly the listed tests, each with the given message fragment, and passes every other test.
+Correct styles and mistakes are judged in process by the kernel's own call routine and the
+grader's judge; tampering and a sample go through the real pipeline (see tests/catalog.py).
+A correct style gets every point; a mistake loses exactly the listed tests, each with the
+given message fragment, and passes every other test.
 """
 from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered, common_tampering
+from catalog import Catalog, common_tampering, tampered, with_methods
 from conftest import submission
 
 CHAPTER = "08_modern_attention"
@@ -31,66 +32,27 @@ def fn(signature: str, code: str) -> str:
     return f"def {signature}:\n" + body(code, 4)
 
 
-def rmsnorm(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class RMSNorm(nn.Module):
-            def __init__(self, dim, eps=1e-6):
-                super().__init__()
-                self.weight = nn.Parameter(torch.ones(dim))
-                self.eps = eps
+def given(exercise: str, signature: str, forward_body: str, methods: str = "") -> str:
+    """The exercise's class with its ``__init__`` as the chapter source gives it, and ``forward``
+    (and any ``methods``) as a learner wrote them."""
+    forward = f"def {signature}:\n" + body(forward_body, 4)
+    return with_methods(CHAPTER, exercise, forward + textwrap.dedent(methods))
 
-            def forward(self, x):
-        ''') + body(forward_body)
+
+def rmsnorm(forward_body: str) -> str:
+    return given("RMSNorm", "forward(self, x)", forward_body)
 
 
 def attention(forward_body: str, methods: str = "") -> str:
-    return textwrap.dedent('''
-        class ModernAttention(nn.Module):
-            def __init__(self, d_model, num_heads, num_kv_heads, head_dim, rope_base=10000.0, eps=1e-6):
-                super().__init__()
-                self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-                self.rope_base = rope_base
-                self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=False)
-                self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=False)
-                self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=False)
-                self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=False)
-                self.q_norm = RMSNorm(head_dim, eps)
-                self.k_norm = RMSNorm(head_dim, eps)
-
-            def forward(self, x, past=None):
-        ''') + body(forward_body) + textwrap.indent(textwrap.dedent(methods), "    ")
+    return given("ModernAttention", "forward(self, x, past=None)", forward_body, methods)
 
 
 def swiglu(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class SwiGLU(nn.Module):
-            def __init__(self, d_model, d_ff):
-                super().__init__()
-                self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
-                self.up_proj = nn.Linear(d_model, d_ff, bias=False)
-                self.down_proj = nn.Linear(d_ff, d_model, bias=False)
-
-            def forward(self, x):
-        ''') + body(forward_body)
+    return given("SwiGLU", "forward(self, x)", forward_body)
 
 
 def mla(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class MultiHeadLatentAttention(nn.Module):
-            def __init__(self, d_model, num_heads, kv_rank, nope_dim, rope_dim, v_dim, rope_base=10000.0):
-                super().__init__()
-                self.num_heads, self.kv_rank = num_heads, kv_rank
-                self.nope_dim, self.rope_dim, self.v_dim, self.rope_base = nope_dim, rope_dim, v_dim, rope_base
-                self.q_proj = nn.Linear(d_model, num_heads * (nope_dim + rope_dim), bias=False)
-                self.kv_down = nn.Linear(d_model, kv_rank, bias=False)
-                self.kv_norm = RMSNorm(kv_rank)
-                self.k_rope_proj = nn.Linear(d_model, rope_dim, bias=False)
-                self.k_up = nn.Linear(kv_rank, num_heads * nope_dim, bias=False)
-                self.v_up = nn.Linear(kv_rank, num_heads * v_dim, bias=False)
-                self.o_proj = nn.Linear(num_heads * v_dim, d_model, bias=False)
-
-            def forward(self, x, past=None, absorb=False):
-        ''') + body(forward_body)
+    return given("MultiHeadLatentAttention", "forward(self, x, past=None, absorb=False)", forward_body)
 
 
 def sub(answers=None, **kwargs):
