@@ -703,10 +703,15 @@ else:
 # cache); the book was built without one, so below you see that it was skipped.
 
 # %%
+QWEN_SKIP_TEXT = dict(missing="transformers is not installed",
+                      offline="{variable} is set, and no {name} checkpoint is cached on this machine",
+                      network="no network (huggingface.co could not be reached in {timeout:g} s)")
+
+
 def load_real_qwen3(name="Qwen/Qwen3-0.6B", timeout=3.0):
     """Your ModernLM with Qwen3-0.6B's weights, and its tokenizer; or (None, None, reason)."""
     if transformers is None:
-        return None, None, "transformers is not installed"
+        return None, None, QWEN_SKIP_TEXT["missing"]
     from transformers import AutoTokenizer
     offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "0") not in ("0", "")]
     try:                                                      # a checkpoint already on this machine?
@@ -714,11 +719,11 @@ def load_real_qwen3(name="Qwen/Qwen3-0.6B", timeout=3.0):
         hf = Qwen3ForCausalLM.from_pretrained(name, local_files_only=True, dtype=torch.float32)
     except Exception:                                         # noqa: BLE001 - not cached: download it
         if offline:
-            return None, None, f"{offline[0]} is set, and no {name} checkpoint is cached on this machine"
+            return None, None, QWEN_SKIP_TEXT["offline"].format(variable=offline[0], name=name)
         try:
             socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        except OSError as err:
-            return None, None, f"no network (huggingface.co could not be reached in {timeout:g} s: {err})"
+        except OSError:
+            return None, None, QWEN_SKIP_TEXT["network"].format(timeout=timeout)
         tok = AutoTokenizer.from_pretrained(name)
         hf = Qwen3ForCausalLM.from_pretrained(name, dtype=torch.float32)
     return modern_lm_from_qwen3(hf), tok, None
@@ -1328,10 +1333,11 @@ def stream_nll(model, ids, mode, cache_size=32, num_sinks=4):
 STREAM_LEN, CACHE_SIZE, NUM_SINKS = 512, 32, 4
 stream = val_data[:STREAM_LEN]
 MODES = ["window", "sinks", "recompute", "full"]
+MODE_TEXT = {"window": "window", "sinks": "sinks", "recompute": "recompute", "full": "full"}  # the table's row names
 stream_results = {mode: stream_nll(lm, stream, mode, CACHE_SIZE, NUM_SINKS) for mode in MODES}
 print(f"{'mode':10s} {'perplexity, first 32':>21s} {'after 32':>9s} {'after 64':>9s} {'ms per token':>13s}")
 for mode, (nll, seconds) in stream_results.items():
-    print(f"{mode:10s} {math.exp(nll[:CACHE_SIZE].mean()):21.2f} {math.exp(nll[CACHE_SIZE:].mean()):9.2f} "
+    print(f"{MODE_TEXT[mode]:10s} {math.exp(nll[:CACHE_SIZE].mean()):21.2f} {math.exp(nll[CACHE_SIZE:].mean()):9.2f} "
           f"{math.exp(nll[CONTEXT:].mean()):9.2f} {1000 * seconds:13.2f}")
 for mode, (nll, seconds) in stream_results.items():
     glue(f"ppl_{mode}", f"{math.exp(nll[CONTEXT:].mean()):.2f}", display=False)

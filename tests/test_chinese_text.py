@@ -358,14 +358,20 @@ SHOWN_ENGLISH = {
     "view", "transpose", "reshape", "idx", "attn", "mlp", "wte", "wpe", "transformers",
     # the sampling filters' names, written so in Chinese too (top-k, top-p)
     "top",
+    # a model family's name (Qwen3, as the chapter's code and the checkpoints spell it)
+    "Qwen",
+    # notation in printed comparisons: max |a - b|, mean |x|
+    "max", "mean",
     # Chapter 1's data: the dates the model reads are English (its input alphabet), not text
     *calendar.month_name[1:], *calendar.month_abbr[1:], *calendar.day_name, *calendar.day_abbr,
 }
 
 
-# Cells that print a chapter's data: Chapter 7's corpus (Python's own docstrings) and the text
-# its model writes from it. Their lines without a Chinese character are that data, not text.
-DATA_PRINTS = {"07_gpt": re.compile(r"\bsample_text\(|\bdecode\(|\bprint\(corpus\[")}
+# Cells that print a chapter's data: the corpus of Chapters 7 and 8 (Python's own docstrings)
+# and the text their models write from it. Their lines without a Chinese character are that
+# data, not text.
+DATA_PRINTS = dict.fromkeys(("07_gpt", "08_modern_attention"),
+                            re.compile(r"\bsample_text\(|\bdecode\(|\bprint\(corpus\["))
 
 
 def _data_words(chapter: str) -> set[str]:
