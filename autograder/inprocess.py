@@ -85,6 +85,10 @@ class KernelExit(BaseException):
     """``os._exit`` called by a notebook graded in process: as a kernel that died."""
 
 
+class CellTimeout(BaseException):
+    """A cell graded in process ran past the cell time limit: as the kernel's interrupt."""
+
+
 class _OwnMemory:
     """The kernel manager's memory rule readings (``GradingKernelManager``), on this process."""
 
@@ -153,12 +157,15 @@ def grade_notebook(path) -> dict:
     repaired, the test cells' hidden parts restored from the instructor notebook (as nbgrader's
     autograde does), each cell run in order (errors do not stop the run; ``os._exit`` is a dead
     kernel: the cells after it do not run), each hidden test's calls run by ``call_one`` and the
-    whole judged by ``judge.cells``. No sandbox, no nbgrader, no cell time limit (a probe's own
-    time limit holds): for trusted notebooks only, and for what does not need the real pipeline.
+    whole judged by ``judge.cells``. No sandbox and no nbgrader: for trusted notebooks only, and for
+    what does not need the real pipeline. A cell that runs past the pipeline's cell time limit
+    (``ATTN_GRADER_CELL_TIMEOUT``, counted in CPU seconds here, since a probe's own limit uses the
+    wall-clock timer) is interrupted, as the kernel's would be.
     """
     import contextlib
     import linecache
     import os
+    import signal
     import sys
     import types
 
@@ -186,6 +193,11 @@ def grade_notebook(path) -> dict:
     def exit_kernel(code=0):
         raise KernelExit(code)
     os._exit, sys.modules["attn_probe"] = exit_kernel, probe_module
+    cell_limit = float(os.environ.get("ATTN_GRADER_CELL_TIMEOUT", "60"))
+
+    def interrupt_cell(signum, frame):
+        raise CellTimeout()
+    old_handler = signal.signal(signal.SIGVTALRM, interrupt_cell)
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             for index, cell in enumerate(c for c in clean.cells if c.cell_type == "code"):
@@ -194,15 +206,18 @@ def grade_notebook(path) -> dict:
                 linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
                 grade_id = C.grade_id(cell)
                 try:
+                    signal.setitimer(signal.ITIMER_VIRTUAL, cell_limit)
                     exec(compile(source, filename, "exec"), ns)
                 except KernelExit:
                     break
                 except BaseException:  # noqa: BLE001 - an error in a cell does not stop the notebook
                     pass
                 finally:
+                    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
                     if grade_id in session.probes:
                         session.completed.add(grade_id)
     finally:
+        signal.signal(signal.SIGVTALRM, old_handler)
         os._exit = real_exit
         if saved is None:
             sys.modules.pop("attn_probe", None)
