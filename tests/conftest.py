@@ -134,7 +134,7 @@ PIPELINE_FIXTURES = {"grade_catalog"}
 # Modules whose tests run the grader's command line, a class run or the book build (each
 # through nbgrader and the sandboxed kernel, or Sphinx): the full tier only.
 PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_report", "test_readme",
-                    "test_nbgrader_e2e", "test_book", "test_chinese_edition"}
+                    "test_nbgrader_e2e", "test_book", "test_chinese_edition", "test_accessibility", "test_publish"}
 
 
 def pytest_collection_modifyitems(config, items):
