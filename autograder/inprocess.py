@@ -178,6 +178,9 @@ def grade_notebook(path) -> dict:
     from .static_check import static_builtin_use
     from .submission import load, repaired
 
+    import torch
+    torch.set_num_threads(1)  # as in the grading kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
+
     nb, info = load(path)
     session = _Session(info)
     static = static_builtin_use(nb, session.hidden.from_scratch)
