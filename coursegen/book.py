@@ -14,8 +14,10 @@ installs one (Noto Sans CJK).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -51,6 +53,7 @@ EDITION_NAMES = {SOURCE_LANGUAGE: "English", "zh_CN": "中文"}
 # it turns on the repository, Colab and Binder buttons. Without it they stay off.
 REPOSITORY_URL = "COURSE_REPOSITORY_URL"
 REPOSITORY_BRANCH = "main"
+BOOK_JOBS = "COURSE_BOOK_JOBS"  # how many chapters execute at once (default: one per core)
 LAUNCH_SERVICES = {"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
@@ -124,6 +127,29 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
         old.unlink()
     nbformat.write(learner, cached)
     return learner
+
+
+def _execute(name: str, language: str) -> None:
+    """Run one edition of one chapter into the cache (a worker of ``execute_all``)."""
+    executed_chapter(next(c for c in chapters() if c.name == name), language)
+
+
+def execute_all(found, jobs: int) -> None:
+    """Fill the executed-notebook cache for every chapter of every edition, JOBS kernels at a time.
+
+    Every chapter runs torch on one thread, so two kernels on two cores take about half the time
+    of one after the other; the longest chapters (by source size) start first.
+    """
+    todo = sorted(((c.name, language) for c in found for language in EDITIONS),
+                  key=lambda job: -(C.COURSE_DIR / f"{job[0]}.py").stat().st_size)
+    if jobs <= 1:
+        for job in todo:
+            _execute(*job)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for future in [pool.submit(_execute, *job) for job in todo]:
+            future.result()
 
 
 def with_tests_collapsed(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -278,6 +304,7 @@ def leaks(html_dir: Path) -> list[str]:
 def main() -> int:
     os.chdir(ROOT)
     found = chapters()
+    execute_all(found, int(os.environ.get(BOOK_JOBS) or os.cpu_count() or 1))
     for language in EDITIONS:  # English first: its build empties _build/html
         started = time.perf_counter()
         stage(found, language)
