@@ -6,6 +6,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
+from contract import check_contract
 
 CHAPTERS = sorted(p.stem for p in (ROOT / "course").glob("[0-9][0-9]_*.py"))
 
@@ -32,14 +33,15 @@ def test_learner_notebook_contract(chapter):
             assert "raise NotImplementedError()" in cell.source
 
 
-def test_shared_contract_checker():
-    checker = ROOT.parent / "shared" / "tools" / "check_contract.py"
-    if not checker.exists():
-        pytest.skip("../shared/tools/check_contract.py is not beside this checkout")
-    proc = subprocess.run([sys.executable, str(checker), str(ROOT)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
+def test_shared_contract_checker(tmp_path):
+    """The shared checker, with the shared spec and this repository's proposed tables, on every chapter."""
+    code, output, listed = check_contract(ROOT / "chapters", tmp_path)
+    assert code == 0 and f"{len(CHAPTERS)} chapter(s) present, 0 problem(s)" in output, output
+    assert listed == len(CHAPTERS), f"the spec lists {listed} chapters, the course has {len(CHAPTERS)}: " \
+        "a new chapter proposes its table in docs/spec/<chapter>.md"
 
 
+@pytest.mark.pipeline  # the book's run of the chapter: executes it unless `make book` has
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_runs_with_the_reference(chapter):
     """Visible tests pass with the reference and every given cell runs.
