@@ -68,7 +68,8 @@ import sysconfig
 import time
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 try:                      # Section 7 compares your model with Hugging Face's Qwen3
     import transformers
@@ -1599,6 +1600,32 @@ blocks_used = sum(1 for c in paged.refs if c > 0)
 blocks_unshared = sum(-(-int(n) // BS_demo) for n in lens)
 print(f"blocks in use: {blocks_used} (without sharing the prompt: {blocks_unshared})")
 glue("paged_gap", f"{paged_gap:.1e}", display=False)
+
+# %% [tags=hide-input]
+fig_text = {"title": "The batch's block tables: each cell is a physical block",
+            "x": "logical block (16 tokens each)", "y": "request",
+            "shared": "shared prompt block (stored once)", "own": "the request's own block"}
+rows = len(extra)
+width = max(len(paged.tables[r]) for r in range(rows))
+owner = torch.full((rows, width), float("nan"))   # 1: a block several requests share, 0: a request's own
+for r in range(rows):
+    for j, block in enumerate(paged.tables[r]):
+        owner[r, j] = float(paged.refs[block] > 1)
+fig, ax = plt.subplots(figsize=(10, 3.2))
+ax.imshow(owner, cmap=ListedColormap(["#cfe2f3", "#f6b26b"]), vmin=0, vmax=1, aspect="auto")
+for r in range(rows):
+    for j, block in enumerate(paged.tables[r]):
+        ax.text(j, r, str(block), ha="center", va="center", fontsize=8)
+ax.set_xticks(range(width))
+ax.set_yticks(range(rows))
+ax.set_xlabel(fig_text["x"])
+ax.set_ylabel(fig_text["y"])
+ax.set_title(fig_text["title"], fontsize=10)
+ax.legend(handles=[Patch(color="#f6b26b", label=fig_text["shared"]),
+                   Patch(color="#cfe2f3", label=fig_text["own"])],
+          loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # The block tables start with the same two physical blocks, the prompt's first 32
