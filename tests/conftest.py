@@ -91,7 +91,8 @@ def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
     paths = written(notebooks, tmp)
     os.environ.setdefault("MPLBACKEND", "Agg")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "nbformat", "autograder.inprocess", "autograder.judge.cells"])
+    # nbgrader takes about 3 s to import (coursekit.conventions.is_test_cell needs it): once, not per notebook
+    ctx.set_forkserver_preload(["torch", "nbformat", "nbgrader.utils", "autograder.inprocess", "autograder.judge.cells"])
     with ctx.Pool(2, maxtasksperchild=1) as pool:
         results = dict(zip(paths, pool.map(_judge_one, paths.values(), chunksize=1)))
     return results
