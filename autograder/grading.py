@@ -73,6 +73,8 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
     # nbgrader and torch.
     slot = slot or KernelSlot(sandboxed, private)
     try:
+        import torch
+        torch.set_num_threads(1)  # the reference and the judge, as the kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
         from .submission import load
         nb, info = load(path, chapter)
         return _grade_in(slot.work, slot.kernel, nb, info, student, feedback_dir, keep_course)

@@ -23,8 +23,6 @@ def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandbo
     os.setsid()
     import warnings
     warnings.filterwarnings("ignore")
-    import torch
-    torch.set_num_threads(1)  # the reference and the comparisons; kernels run with one thread too
     from .grading import KernelSlot, grade
     from .submission import SubmissionError
     parent = os.getppid()

@@ -36,8 +36,6 @@ def _grade_one(path: str):
     global _upcoming
     import warnings
     warnings.filterwarnings("ignore")
-    import torch
-    torch.set_num_threads(1)  # as a class run's workers (autograder/workers.py)
     from autograder.grading import KernelSlot, grade
     try:
         current, _upcoming = _upcoming or KernelSlot(), None
