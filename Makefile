@@ -53,7 +53,7 @@ check: $(INSTALLED)
 ## Run every test, both tiers (CI runs this)
 test: $(INSTALLED) sandbox fonts
 	@echo "make test: load average $$(cut -d' ' -f1-3 /proc/loadavg) (pytest's last line gives the time)"
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 ## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb
 grade: install

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from .sandbox import SandboxUnavailable
     from .submission import SubmissionError
     try:
-        report = grade(args.notebook, student=args.student, feedback_dir=args.feedback_dir,
+        report = grade(args.notebook, student=args.student, feedback=args.feedback_dir is not None,
                        chapter=args.chapter, sandboxed=not args.unsandboxed)
     except (SubmissionError, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -81,9 +81,10 @@ def main(argv=None) -> int:
         print(f"error: grading failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
               file=sys.stderr)
         return 1
-    if args.feedback_dir is not None and getattr(report, "feedback_html", None):
-        from .feedback import install_mathjax
-        install_mathjax(args.feedback_dir)  # the page's math, offline
+    if args.feedback_dir is not None and report.feedback_page is not None:
+        from .feedback import write_page
+        report.feedback_html = write_page(args.feedback_dir, f"{args.student}-{report.chapter}.html",
+                                          report.feedback_page)
     print(json.dumps(report.as_json()) if args.json else report.as_text())
     return 0
 
@@ -105,7 +106,7 @@ def _class_command(args) -> int:
 
 def _one_line(err: BaseException) -> str:
     """The reason for a failed class command, on one line."""
-    from .folders import FolderError
+    from .classroom.folders import FolderError
     from .sandbox import SandboxUnavailable
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if type(err).__module__.startswith("sqlalchemy"):
@@ -132,8 +133,8 @@ def _run_class_command(args) -> int:
     # mistake is reported at once.
     from coursekit import conventions as C
 
-    from .export import CLASS_EXERCISES, CLASS_GRADES
-    from .folders import class_folder, existing_folder
+    from .classroom.export import CLASS_EXERCISES, CLASS_GRADES
+    from .classroom.folders import class_folder, existing_folder
     LEDGER = ".grading/ledger.jsonl"
     names = [c for c in C.chapter_names() if C.instructor_notebook(c).exists()]
     asked = getattr(args, "chapters", None) or getattr(args, "chapter", None) or []
@@ -144,7 +145,7 @@ def _run_class_command(args) -> int:
         course = class_folder(args.course)
         plain = class_folder(args.to, "--to") if args.to else None
         from .chapters import known
-        from .release import release
+        from .classroom.release import release
         chapters = known()
         editions = [dataclasses.replace(chapters[c], language=args.language) for c in args.chapters or chapters]
         for path in release(course, editions, plain):
@@ -152,7 +153,7 @@ def _run_class_command(args) -> int:
     elif args.command == "collect":
         course = class_folder(args.course)
         source = existing_folder(args.source, "collect: source")
-        from .collect import collect
+        from .classroom.collect import collect
         tasks = collect(source, course, args.chapter)
         if not tasks:
             raise ValueError(f"collect: no submissions in {args.source} (expected <student>/<chapter>/*.ipynb "
@@ -164,8 +165,8 @@ def _run_class_command(args) -> int:
         out = class_folder(args.out, "--out") if args.out else course
         if not (course / "submitted").is_dir():
             raise ValueError(f"--course {args.course}: no submitted/ folder to grade; run collect first")
-        from . import classroom
-        summary = classroom.grade_class(course, args.chapter, args.workers, args.force, shard,
+        from .classroom.grade_class import grade_class
+        summary = grade_class(course, args.chapter, args.workers, args.force, shard,
                                         out, args.timeout, sandboxed=not args.unsandboxed)
         shown = args.out or args.course
         print(f"{summary['graded']} graded, {summary['failed']} could not be graded, "
@@ -179,8 +180,8 @@ def _run_class_command(args) -> int:
             if not (shard / ".grading").is_dir():  # a shard may have had nothing to grade
                 raise ValueError(f"merge: {given} is not a results folder of grade-class (no .grading/); "
                                  "give the --out folders of grade-class")
-        from . import classroom
-        count = classroom.merge(into, shards)
+        from .classroom.merge import merge
+        count = merge(into, shards)
         print(f"merged {count} submission(s) into {args.into}; class report {args.into / 'class-report.html'}")
     elif args.command == "export":
         course = class_folder(args.course)
@@ -188,7 +189,7 @@ def _run_class_command(args) -> int:
             raise ValueError(f"export --course {args.course}: nothing graded there yet (no {LEDGER}); "
                              "run grade-class first")
         if args.format == "csv":
-            from .export import export
+            from .classroom.export import export
             for path in export(course):
                 print(path)
             return 0
@@ -203,7 +204,7 @@ def _run_class_command(args) -> int:
             if not (eq and chapter and number):
                 raise ValueError(f"--assignment-id {item}: takes CHAPTER=ID, e.g. 02_self_attention=1234")
             ids[chapter] = number
-        from .lms import export_lms
+        from .classroom.lms import export_lms
         print(export_lms(course, args.format, args.students, args.out, ids))
     elif args.command == "report":
         course = class_folder(args.course)
@@ -215,7 +216,7 @@ def _run_class_command(args) -> int:
         submitted = args.submitted if args.submitted else course / "submitted"
         if args.submitted and not submitted.is_dir():
             raise ValueError(f"--submitted {args.submitted}: no such folder")
-        from .class_report import write
+        from .classroom.class_report import write
         result = write(course, submitted, args.threshold)
         for path in result["files"]:
             print(path)

@@ -1,6 +1,11 @@
-"""nbgrader feedback in which test cells show the judge's verdict, never the hidden test source.
+"""Every feedback page a learner gets, and where it is written.
 
-The page is nbgrader's ``generate_feedback`` with a template of ours
+A graded submission's page (``render``) is nbgrader's feedback in which test cells show
+the judge's verdict, never the hidden test source. A submission that could not be graded
+gets a page that says why (``unavailable_page``). Both are written by ``write_page``, which
+puts the MathJax they need beside them.
+
+The graded page is nbgrader's ``generate_feedback`` with a template of ours
 (``feedback_template/course_feedback``) so that it reads like the book: math typeset by
 the MathJax the book ships (copied once into the feedback folder, ``install_mathjax``;
 no network), MyST admonitions as boxes (``myst.MystDirectives``), and the summary naming
@@ -120,9 +125,32 @@ def install_mathjax(feedback_folder: Path) -> bool:
     return target.is_dir()
 
 
-def render(course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> Path | None:
-    """Write the verdicts into the autograded notebook and run generate_feedback; None if unsafe.
-    """
+def write_page(folder: Path, name: str | Path, page: str) -> Path:
+    """PAGE written at FOLDER/NAME (complete or not at all), with MathJax installed once in FOLDER."""
+    target = Path(folder) / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    install_mathjax(folder)  # the pages' math, offline
+    partial = target.with_name(f".{target.name}-{os.getpid()}")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(target)
+    return target
+
+
+def unavailable_page(student: str, chapter: str, max_score: float, reason: str, language: str) -> str:
+    """The page of a submission that could not be graded: its score (0) and the reason."""
+    def told(message):
+        return html_lib.escape(tell(message, language), quote=False)
+    title = told(msg("{chapter}: feedback for {student}", chapter=chapter, student=student))
+    return (f"<!DOCTYPE html><html lang='{language.replace('_', '-')}'><head><meta charset='utf-8'>"
+            f"<title>{title}</title></head><body><h1>{title}</h1>"
+            f"<p>{told(msg('Score'))}: 0 / {max_score:g}</p>"
+            f"<p>{told(msg('This submission could not be graded: {reason}', reason=reason or msg('no reason recorded')))}</p>"
+            "</body></html>\n")
+
+
+def render(course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> str | None:
+    """Write the verdicts into the autograded notebook and run generate_feedback: the page's
+    HTML, or None if it could not be made safely."""
     by_id = {o.test_id: o for o in outcomes}
     nb = nbformat.read(autograded, as_version=4)
     ClearHiddenTests(enforce_metadata=False).preprocess(nb, {})
@@ -139,10 +167,11 @@ def render(course: Path, chapter, student: str, autograded: Path, outcomes, subm
     page = course / "feedback" / student / chapter.name / f"{chapter.name}.html"
     if not result["success"] or not page.exists():
         return None
-    if reveals_hidden_source(page.read_text(errors="replace"), chapter.hidden_lines, submitted_text):
+    text = page.read_text(errors="replace")
+    if reveals_hidden_source(text, chapter.hidden_lines, submitted_text):
         page.unlink()  # never hand out hidden test source; the scores stand
         return None
-    return page
+    return text
 
 
 def verdict_output(outcome, language) -> nbformat.NotebookNode:

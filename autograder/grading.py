@@ -6,9 +6,10 @@
    gradebook was made by ``generate_assignment`` (``template``). ``autograde`` restores
    the hidden tests and runs the notebook in that kernel, with ``GuardedExecute``
    handing each hidden test its inputs (``session``, ``transfer``).
-3. This process judges every test cell against the reference (``judge``), writes the
-   scores into the gradebook (``gradebook``) and, when asked, renders the feedback
-   (``feedback``). Submitted code never runs here.
+3. Right after the run, in ``autograde``'s own preprocessor steps, this process judges
+   every test cell against the reference (``judge``) and writes those scores where
+   nbgrader writes its grades (``judged_grades``); when asked, it renders the feedback
+   page (``feedback``). Submitted code never runs here.
 """
 from __future__ import annotations
 
@@ -57,12 +58,14 @@ class KernelSlot:
                 shutil.rmtree(self.work, ignore_errors=True)
 
 
-def grade(path: Path, student: str = "student", feedback_dir: Path | None = None,
+def grade(path: Path, student: str = "student", feedback: bool = False,
           chapter: str | None = None, keep_course: Path | None = None,
           sandboxed: bool = True, private: tuple[Path, ...] = (), slot: KernelSlot | None = None):
     """Grade one notebook. Raises SubmissionError for a file that is not gradable, and
     SandboxUnavailable when ``sandboxed`` and no OS sandbox can run here.
 
+    feedback: also render the feedback page (``Report.feedback_page``; ``feedback.write_page``
+    puts it where it belongs).
     keep_course: copy the finished nbgrader course (gradebook, autograded notebook,
     feedback) there, e.g. to run ``nbgrader export`` on it.
     sandboxed=False: run the kernel without the OS sandbox (the report says so).
@@ -77,21 +80,20 @@ def grade(path: Path, student: str = "student", feedback_dir: Path | None = None
         torch.set_num_threads(1)  # the reference and the judge, as the kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
         from .submission import load
         nb, info = load(path, chapter)
-        return _grade_in(slot.work, slot.kernel, nb, info, student, feedback_dir, keep_course)
+        return _grade_in(slot.work, slot.kernel, nb, info, student, feedback, keep_course)
     finally:
         slot.close()
 
 
-def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
+def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     import nbformat
 
     from coursekit import nbgrader_course
 
-    from . import feedback
-    from .judge import cells as verdicts
-    from .report import Report
+    from .feedback import render as render_feedback
     from .execute import GuardedExecute
-    from .gradebook import store_scores
+    from .judged_grades import Judgement
+    from .report import Report
     from .session import GradingSession
     from .static_check import static_builtin_use
     from .submission import repaired
@@ -108,7 +110,8 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
     submitted.mkdir(parents=True)
     nbformat.write(clean, submitted / f"{info.name}.ipynb")
 
-    cfg = _autograde_config(course, GuardedExecute.for_run(session, kernel))
+    judgement = Judgement(session, static, kernel)
+    cfg = _autograde_config(course, GuardedExecute.for_run(session, kernel), judgement)
     api = nbgrader_course.api(course, cfg)
     result = api.autograde(info.name, student, force=True, create=True)
     autograded = course / "autograded" / student / info.name / f"{info.name}.ipynb"
@@ -116,30 +119,39 @@ def _grade_in(work, kernel, nb, info, student, feedback_dir, keep_course):
         why = kernel.start_failure() or (result.get("error") or result.get("log") or "").strip()
         raise RuntimeError("nbgrader autograde produced no notebook: " + why[-300:].replace("\n", " "))
 
-    outcomes = verdicts.judge(session, static, stopped=kernel.limit_reason)
-    store_scores(course, info.name, student, {o.test_id: o.score for o in outcomes})
+    outcomes = judgement.outcomes
+    if outcomes is None:
+        raise RuntimeError("nbgrader autograde finished without judging the test cells")
     report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed,
                     enforcement=kernel.enforcement, language=info.language)
-    if feedback_dir is not None or keep_course is not None:
-        page = feedback.render(course, info, student, autograded, outcomes,
-                               "\n".join(c.source for c in nb.cells))
-        if feedback_dir is not None and page is not None:
-            feedback_dir.mkdir(parents=True, exist_ok=True)
-            report.feedback_html = feedback_dir / f"{student}-{info.name}.html"
-            shutil.copyfile(page, report.feedback_html)
+    if feedback or keep_course is not None:
+        report.feedback_page = render_feedback(course, info, student, autograded, outcomes,
+                                               "\n".join(c.source for c in nb.cells))
     if keep_course is not None:
         shutil.copytree(course, keep_course, dirs_exist_ok=True)
     return report
 
 
-def _autograde_config(course: Path, execute_class):
+def _autograde_config(course: Path, execute_class, judgement):
+    """nbgrader's autograde steps, with the hardened execute step, then the judge, and the
+    judge's scores saved in place of nbgrader's own."""
     from nbgrader.converters.autograde import Autograde
 
     from coursekit import nbgrader_course
+
+    from .judged_grades import JudgeCells, SaveJudgedGrades
     c = nbgrader_course.config(course)
     c.Execute.timeout = int(os.environ.get("ATTN_GRADER_CELL_TIMEOUT", "60"))
     c.Execute.startup_timeout = 120
-    c.Autograde.autograde_preprocessors = [
-        execute_class if p.__name__ == "Execute" else p
-        for p in Autograde.class_traits()["autograde_preprocessors"].default()]
+    steps = []
+    for step in Autograde.class_traits()["autograde_preprocessors"].default():
+        if step.__name__ == "Execute":
+            steps += [execute_class, JudgeCells.for_run(judgement)]
+        elif step.__name__ == "SaveAutoGrades":
+            steps.append(SaveJudgedGrades.for_run(judgement))
+        else:
+            steps.append(step)
+    if sum(s.__name__ in ("JudgeCells", "SaveJudgedGrades") for s in steps) != 2:
+        raise RuntimeError("nbgrader's autograde steps changed: no Execute or SaveAutoGrades to replace")
+    c.Autograde.autograde_preprocessors = steps
     return c

@@ -20,7 +20,8 @@ class Report:
     chapter: str
     student: str
     outcomes: list[TestOutcome]
-    feedback_html: Path | None = None
+    feedback_page: str | None = None  # the feedback page's HTML, when it was asked for
+    feedback_html: Path | None = None  # where the page was written
     repairs: list[str] = dataclasses.field(default_factory=list)
     sandboxed: bool = True
     enforcement: str | None = None  # what stopped memory and tasks at their limits: 'cgroup v1|v2' or 'watchdog'

@@ -49,8 +49,8 @@ MISTAKES = {
 
 def synthesize(folder: Path, count: int, seed: int = 0) -> dict:
     """COURSE/submitted/<student>/<chapter>/<chapter>.ipynb and COURSE/.grading/ledger.jsonl; returns scores."""
-    from autograder.ledger import Ledger
-    from autograder.similarity import answer_cells
+    from autograder.classroom.ledger import Ledger
+    from autograder.classroom.similarity import answer_cells
     from coursekit import conventions as C
     from coursekit import similarity_variants as V
     from coursekit.sample_submissions import reference_answers
@@ -121,7 +121,7 @@ def synthesize(folder: Path, count: int, seed: int = 0) -> dict:
 def build_gradebook(folder: Path, scores: dict) -> None:
     """A real nbgrader gradebook with every synthetic submission's test scores (one session)."""
     from autograder.chapters import known
-    from autograder.classroom import ensure_gradebook
+    from autograder.classroom.record import ensure_gradebook
     from coursekit.nbgrader_course import gradebook
     ensure_gradebook(folder, [known()[CHAPTER]])
     with gradebook(folder) as gb:
@@ -156,7 +156,7 @@ def main() -> None:
             built = time.perf_counter() - built
         else:
             built = 0.0
-        from autograder import class_report
+        from autograder.classroom import class_report
         started = time.perf_counter()
         result = class_report.write(course)
         in_process = time.perf_counter() - started

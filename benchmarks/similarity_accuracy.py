@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autograder import similarity as S  # noqa: E402
+from autograder.classroom import similarity as S  # noqa: E402
 from coursekit import conventions as C  # noqa: E402
 from coursekit.sample_submissions import reference_answers  # noqa: E402
 from coursekit.similarity_variants import CHAPTER, INDEPENDENT, disguised, independent_sets  # noqa: E402
 
 
 def measure(threshold: float) -> dict:
-    """Detection and false-positive rates of autograder.similarity at threshold, on Chapter 2.
+    """Detection and false-positive rates of autograder.classroom.similarity at threshold, on Chapter 2.
 
     Originals: the reference and the sample class's "ben" (the reference with two
     mistakes of his own). Copies: every disguise of each original. A detection is an

@@ -86,7 +86,12 @@ def test_kernel_side_modules_import_nothing_of_the_project(rel):
 PARTS = {
     "autograder.sandboxed": set(),                                        # copied into the kernel
     "autograder.judge": {"autograder.messages", "autograder.sandboxed"},  # never the authoring API
+    # a class run uses one submission's grading whole, and its pages and chapters
+    "autograder.classroom": {"autograder.grading", "autograder.submission", "autograder.feedback",
+                             "autograder.chapters", "autograder.sandbox"},
 }
+# Only the command line reaches up into a class run: one submission's grading knows nothing of classes.
+CLASS_USERS = {"autograder/__main__.py"}
 
 
 @pytest.mark.parametrize("part", sorted(PARTS))
@@ -98,6 +103,16 @@ def test_the_grader_s_parts_import_only_below_them(part):
             if target.startswith("autograder") and not any(target == p or target.startswith(p + ".")
                                                            for p in {part, *PARTS[part]}):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_command_line_imports_the_class_package():
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path in sorted((ROOT / "autograder").rglob("*.py"))
+             if not path.relative_to(ROOT).as_posix().startswith("autograder/classroom/")
+             and path.relative_to(ROOT).as_posix() not in CLASS_USERS
+             for target, line in imports(path)
+             if target == "autograder.classroom" or target.startswith("autograder.classroom.")]
     assert not wrong, "\n".join(wrong)
 
 

@@ -194,12 +194,12 @@ def test_chinese_submission_gets_a_chinese_report_and_feedback_page(tmp_path):
     from autograder.grading import grade
     path = tmp_path / f"{CHAPTER}.ipynb"
     nbformat.write(submission({"scaled_dot_product_attention": UNSCALED}, chapter=CHAPTER, language=LANGUAGE), path)
-    report = grade(path, student="li", feedback_dir=tmp_path / "feedback")
+    report = grade(path, student="li", feedback=True)
     mistake = _told("scores not scaled by 1/sqrt(d_k)")
     text = report.as_text()
     assert mistake in text and "分" in text.splitlines()[0], text[:1500]
     assert "scores not scaled" not in text, "the Chinese report shows the English message"
-    page = report.feedback_html.read_text()
+    page = report.feedback_page
     assert mistake in page and "得分" in page, "the feedback page is not in Chinese"
     assert "BEGIN HIDDEN" not in page and "attn_probe" not in page
 

@@ -166,7 +166,7 @@ def test_detection_and_false_positive_rates():
     measurement is benchmarks/similarity_accuracy.py's ``measure``), at the
     default threshold 0.6: 40 of 40 disguised copies found (the lowest scores 0.60: causal_mask with a
     useless line added), 0 of 144 pairs with an independent solution (the highest scores 0.54)."""
-    from autograder.similarity import THRESHOLD
+    from autograder.classroom.similarity import THRESHOLD
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from similarity_accuracy import measure
     result = measure(THRESHOLD)
@@ -178,7 +178,7 @@ def test_detection_and_false_positive_rates():
 
 
 def test_disguises_keep_the_fingerprints():
-    from autograder import similarity as S
+    from autograder.classroom import similarity as S
     from coursekit import similarity_variants as V
     from coursekit.sample_submissions import reference_answers
     source = reference_answers(CHAPTER)["scaled_dot_product_attention"]

@@ -1,12 +1,13 @@
 """A test cell's verdict on the feedback page: Markdown's `code` shows as code, one reason is one
-line (no stray "- "), several are a list, and nothing in a message can inject HTML.
+line (no stray "- "), several are a list, and nothing in a message can inject HTML. The page of a
+submission that could not be graded says why, in its edition, and a page is written whole.
 
 The whole page, made by nbgrader from a real grading run, is checked in test_classroom.py and
 test_chinese_edition.py; here only the verdict's own rendering, which needs no kernel.
 """
 from __future__ import annotations
 
-from autograder.feedback import as_html, verdict_output
+from autograder.feedback import MATHJAX_FOLDER, as_html, unavailable_page, verdict_output, write_page
 from autograder.messages import msg
 from autograder.judge.cells import TestOutcome
 
@@ -37,3 +38,18 @@ def test_passed_and_escaped():
 def test_told_in_chinese():
     html = verdict_output(outcome(score=2.0), "zh_CN").data["text/html"]
     assert "通过</p>" in html and "passed</p>" not in html, html
+
+
+def test_a_page_for_a_submission_that_could_not_be_graded_is_told_in_its_edition():
+    page = unavailable_page("li", "02_self_attention", 10, "<x>.ipynb: the file is empty", "zh_CN")
+    assert "0 / 10" in page and "&lt;x&gt;.ipynb: the file is empty" in page, page
+    for english in ("feedback for", "Score", "could not be graded"):
+        assert english not in page, f"English left in the Chinese page: {english!r}"
+    assert "could not be graded: no reason recorded" in unavailable_page("ada", "02_self_attention", 10, "", "en")
+
+
+def test_a_page_is_written_whole_beside_its_mathjax(tmp_path):
+    target = write_page(tmp_path / "feedback", "ada/02_self_attention/02_self_attention.html", "<p>ok</p>")
+    assert target.read_text() == "<p>ok</p>"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name], "a partial file was left behind"
+    assert (tmp_path / "feedback" / MATHJAX_FOLDER / "tex-chtml.js").is_file()

@@ -41,6 +41,10 @@ def test_grade_then_feedback_and_export_with_nbgrader(tmp_path):
     course = tmp_path / "course"
     report = grade(path, student="ada", keep_course=course)
     assert report.as_json()["score"] == 9.0
+    from coursekit.nbgrader_course import gradebook
+    with gradebook(course) as gb:  # the judge's scores, written where nbgrader writes its own, once
+        graded = gb.find_submission("02_self_attention", "ada")
+        assert graded.score == 9.0 and not graded.needs_manual_grade
 
     nbgrader(course, "generate_feedback", "02_self_attention", "--force")
     html = (course / "feedback" / "ada" / "02_self_attention" / "02_self_attention.html").read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 from coursekit.conventions import COURSE_ID
 from coursekit.nbgrader_course import generate_assignment
 
-from .chapters import ChapterInfo
+from ..chapters import ChapterInfo
 from .folders import class_folder
 
 

@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .chapters import known
+from ..chapters import known
 
 STUDENT_ID = re.compile(r"[^A-Za-z0-9_.@-]+")
 

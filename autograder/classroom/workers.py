@@ -5,26 +5,28 @@ import dataclasses
 import multiprocessing
 import os
 import queue
-import shutil
 import signal
 import time
 from pathlib import Path
 
-from .chapters import known
+from ..chapters import known
 from .collect import Task
 
 
-def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandboxed: bool):
+def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     """Grade tasks until told to stop; runs in its own session so its kernels can be killed.
 
     The next submission's kernel boots while the current one is graded (it sees nothing
     until its own submission runs in it).
     """
     os.setsid()
+    # A result (with its feedback page) can outgrow the pipe; if the class run was killed, nobody
+    # reads it, and exiting must not wait for it to be flushed (the run's output pipes would stay open).
+    results.cancel_join_thread()
     import warnings
     warnings.filterwarnings("ignore")
-    from .grading import KernelSlot, grade
-    from .submission import SubmissionError
+    from ..grading import KernelSlot, grade
+    from ..submission import SubmissionError
     parent = os.getppid()
     private_paths = tuple(Path(p) for p in private)
     upcoming = None
@@ -39,18 +41,16 @@ def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandbo
             if item is None:
                 return
             student, chapter, path = item
-            scratch = Path(feedback_root) / ".incoming" / f"{student}--{chapter}"
-            shutil.rmtree(scratch, ignore_errors=True)
             try:
                 current = upcoming or KernelSlot(sandboxed, private_paths)
                 upcoming = None
                 upcoming = KernelSlot(sandboxed, private_paths)
                 report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
-                               feedback_dir=scratch, private=private_paths, sandboxed=sandboxed, slot=current)
+                               feedback=True, private=private_paths, sandboxed=sandboxed, slot=current)
                 data = report.as_json()
                 data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
                 data["repairs"] = report.repairs
-                data["feedback_html"] = str(report.feedback_html) if report.feedback_html else None
+                data["feedback_page"] = report.feedback_page
                 results.put((student, chapter, "ok", data))
             except SubmissionError as err:
                 results.put((student, chapter, "ungradable", str(err)))
@@ -63,13 +63,15 @@ def _worker(tasks, results, feedback_root: str, private: tuple[str, ...], sandbo
 
 
 class WorkerPool:
-    """N worker processes; a task that runs past its deadline has its worker killed."""
+    """N worker processes; a task that runs past its deadline has its worker killed.
 
-    def __init__(self, count: int, feedback_root: Path, deadline: float, private: tuple[Path, ...] = (),
-                 sandboxed: bool = True):
+    Each worker answers on its own queue: a worker killed while writing a result (a feedback
+    page is larger than a pipe) leaves a partial message only in a queue that goes with it.
+    """
+
+    def __init__(self, count: int, deadline: float, private: tuple[Path, ...] = (), sandboxed: bool = True):
         self.ctx = multiprocessing.get_context("spawn")
-        self.results = self.ctx.Queue()
-        self.feedback_root, self.deadline = feedback_root, deadline
+        self.deadline = deadline
         self.private = tuple(str(p.resolve()) for p in private)
         self.sandboxed = sandboxed
         self.workers: dict[int, dict] = {}
@@ -77,11 +79,10 @@ class WorkerPool:
             self._start()
 
     def _start(self):
-        tasks = self.ctx.Queue()
-        proc = self.ctx.Process(target=_worker, args=(tasks, self.results, str(self.feedback_root),
-                                                      self.private, self.sandboxed), daemon=True)
+        tasks, results = self.ctx.Queue(), self.ctx.Queue()
+        proc = self.ctx.Process(target=_worker, args=(tasks, results, self.private, self.sandboxed), daemon=True)
         proc.start()
-        self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "task": None, "since": 0.0}
+        self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "results": results, "task": None, "since": 0.0}
 
     def idle(self):
         return [w for w in self.workers.values() if w["task"] is None]
@@ -96,17 +97,21 @@ class WorkerPool:
     def poll(self, timeout=0.5):
         """Finished results, plus synthetic failures for workers that died or overran."""
         done = []
-        try:
-            while True:
-                student, chapter, status, data = self.results.get(timeout=timeout)
-                timeout = 0
-                for w in self.workers.values():
-                    t = w["task"]
-                    if t is not None and (t.student, t.chapter) == (student, chapter):
-                        w["task"] = None
-                        done.append((t, status, data))
-        except queue.Empty:
-            pass
+        until = time.monotonic() + timeout
+        while True:
+            for w in self.workers.values():
+                try:
+                    while True:
+                        student, chapter, status, data = w["results"].get_nowait()
+                        t = w["task"]
+                        if t is not None and (t.student, t.chapter) == (student, chapter):
+                            w["task"] = None
+                            done.append((t, status, data))
+                except queue.Empty:
+                    pass
+            if done or time.monotonic() >= until:
+                break
+            time.sleep(0.05)
         now = time.monotonic()
         for pid, w in list(self.workers.items()):
             t = w["task"]

@@ -1,0 +1,62 @@
+"""Combine the results folders of sharded grade-class runs into one class folder."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from coursekit.nbgrader_course import gradebook
+
+from .. import feedback
+from ..chapters import known
+from . import class_report
+from .export import export
+from .folders import class_folder
+from .ledger import Ledger
+from .record import ensure_gradebook, store
+
+
+def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> int:
+    """Combine shard results (gradebooks, feedback, ledgers, runs) into TARGET, then its report.
+
+    The report's similarity reads answer cells from SUBMITTED (default TARGET/submitted).
+    """
+    infos = known()
+    target = class_folder(target, "--into")
+    submitted = Path(submitted) if submitted else target / "submitted"
+    count = 0
+    for shard in map(Path.resolve, map(Path, shards)):
+        entries = Ledger(shard).entries()
+        ensure_gradebook(target, [infos[c] for c in sorted({e["chapter"] for e in entries.values()}) if c in infos])
+        scores = _gradebook_scores(shard)
+        for entry in entries.values():
+            key = (entry["student"], entry["chapter"])
+            if key in scores:  # the shard's gradebook is the record of its scores
+                entry = {**entry, "tests": scores[key]}
+            rel = Path("feedback") / entry["student"] / entry["chapter"] / f"{entry['chapter']}.html"
+            if (shard / rel).exists() and (shard / rel).resolve() != (target / rel).resolve():
+                feedback.write_page(target / "feedback", rel.relative_to("feedback"), (shard / rel).read_text())
+            store(target, entry)
+            count += 1
+        if shard != target:
+            (target / class_report.RUNS).parent.mkdir(parents=True, exist_ok=True)  # a shard may be empty
+            with open(target / class_report.RUNS, "a") as f:  # the shards' runs, for the report
+                for run in class_report.runs(shard):
+                    f.write(json.dumps(run) + "\n")
+    export(target)
+    class_report.write(target, submitted)
+    return count
+
+
+def _gradebook_scores(folder: Path) -> dict:
+    scores = {}
+    if not (folder / "gradebook.db").exists():
+        return scores
+    with gradebook(folder) as gb:
+        for assignment in gb.assignments:
+            for sub in gb.assignment_submissions(assignment.name):
+                tests = {}
+                for nb in sub.notebooks:
+                    for grade in nb.grades:
+                        tests[grade.name] = grade.score
+                scores[(sub.student.id, assignment.name)] = tests
+    return scores
