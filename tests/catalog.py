@@ -10,10 +10,11 @@ Two tiers (tests/conftest.py):
 
 * every correct style and mistake is judged in process (``judged``): the kernel's own call
   routine (``attn_probe.call_one``) and the grader's own judge, without nbgrader and the sandbox;
-* every tampering case, and a sample of the others (``sample``), goes through the real pipeline
-  (``graded``: nbgrader autograde in the sandboxed kernel), marked ``pipeline``. The sample must
-  give the very same result both ways, and it holds each case whose expected message names what
-  only the kernel shows (a time limit, a dead kernel, a restored cell, memory).
+  except a mistake whose expected message names what only a kernel shows (a time limit, a dead
+  kernel: ``kernel_only``), judged through the real pipeline alone;
+* every tampering case, every kernel-only mistake and a sample of the others (``sample``) go
+  through the real pipeline (``graded``: nbgrader autograde in the sandboxed kernel), marked
+  ``pipeline``. The sample must give the very same result both ways.
 
 Points per test come from the chapter's instructor notebook.
 """
@@ -27,8 +28,11 @@ import pytest
 from autograder.chapters import ChapterInfo
 
 
-# Words of a message that only the real pipeline can produce faithfully.
-PIPELINE_WORDS = ("longer than", "did not run", "did not finish", "restored", "memory", "kernel")
+# Words of a message that only a kernel can give: a time limit, a kernel that died or was stopped.
+# Emulating them in process would cost each looping case its time limits twice, and prove nothing.
+KERNEL_ONLY_WORDS = ("longer than", "did not run", "did not finish")
+# Words of a message the sample also sends through the pipeline, to see it given the same way there.
+PIPELINE_WORDS = ("restored", "memory", "kernel")
 
 
 @dataclasses.dataclass
@@ -48,20 +52,28 @@ class Catalog:
                 raise ValueError(f"mistake {name}: give words its message must contain for {empty} "
                                  "('' is found in every message)")
 
+    def kernel_only(self) -> list[str]:
+        """Mistakes whose expected message names what only a kernel shows: judged through the pipeline alone."""
+        return [f"mistake:{k}" for k, (_, expected) in {**self.mistakes, **self.independent}.items()
+                if any(w in words for words in expected.values() for w in KERNEL_ONLY_WORDS)]
+
     def notebooks(self) -> dict:
         return {**{f"correct:{k}": v for k, v in self.correct.items()},
                 **{f"mistake:{k}": v[0] for k, v in {**self.mistakes, **self.independent}.items()},
                 **{f"tamper:{k}": v for k, v in self.tampering.items()}}
 
     def names(self, kind: str) -> list[str]:
-        return {"correct": list(self.correct), "mistake": [*self.mistakes, *self.independent],
-                "tamper": list(self.tampering), "sample": self.sample()}[kind]
+        kernel = [k.split(":", 1)[1] for k in self.kernel_only()]
+        return {"correct": list(self.correct),
+                "mistake": [k for k in [*self.mistakes, *self.independent] if k not in kernel],
+                "kernel": kernel, "tamper": list(self.tampering), "sample": self.sample()}[kind]
 
     def sample(self) -> list[str]:
         """Cases of the in-process tier also sent through the real pipeline: the first correct style,
-        the first mistake, and every mistake whose message names what only the kernel shows."""
+        the first mistake, and every mistake whose message names the kernel, memory or a restored cell."""
+        kernel = self.kernel_only()
+        mistakes = {k: v for k, v in {**self.mistakes, **self.independent}.items() if f"mistake:{k}" not in kernel}
         cases = [f"correct:{k}" for k in list(self.correct)[:1]]
-        mistakes = {**self.mistakes, **self.independent}
         cases += [f"mistake:{k}" for k in list(mistakes)[:1]]
         cases += [f"mistake:{k}" for k, (_, expected) in mistakes.items() if f"mistake:{k}" not in cases
                   and any(w in words for words in expected.values() for w in PIPELINE_WORDS)]
@@ -172,18 +184,21 @@ def _project_digest() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def judged(request, judge_catalog):
-    """The correct styles and mistakes, judged in process."""
+    """The correct styles and mistakes, judged in process (all but the kernel-only mistakes)."""
     catalog = request.module.CATALOG
-    return judge_catalog({k: v for k, v in catalog.notebooks().items() if not k.startswith("tamper:")})
+    return judge_catalog({k: v for k, v in catalog.notebooks().items()
+                          if not k.startswith("tamper:") and k not in catalog.kernel_only()})
 
 
 @pytest.fixture(scope="module")
 def graded(request, grade_catalog):
-    """Tampering and the sample, through the real pipeline; with the project's files before and after."""
+    """Tampering, the kernel-only mistakes and the sample, through the real pipeline; with the
+    project's files before and after."""
     catalog = request.module.CATALOG
     before = _project_digest()
+    wanted = {*catalog.sample(), *catalog.kernel_only()}
     results = grade_catalog({k: v for k, v in catalog.notebooks().items()
-                             if k.startswith("tamper:") or k in catalog.sample()})
+                             if k.startswith("tamper:") or k in wanted})
     return results, before
 
 
@@ -214,6 +229,13 @@ def test_mistakes_lose_exactly_their_points_with_a_named_reason(request, judged,
                   test_points)
 
 
+def test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason(request, graded, test_points,
+                                                                           kernel_case):
+    """A looping call or a dead kernel, as the sandboxed kernel meets it: only its own tests lose."""
+    check_mistake(request.module.CATALOG.expected_losses(kernel_case), graded[0][f"mistake:{kernel_case}"],
+                  test_points)
+
+
 def test_tampering_gains_nothing(graded, tamper_case):
     result = graded[0][f"tamper:{tamper_case}"]
     assert "error" not in result, result
@@ -231,5 +253,6 @@ def test_grading_changes_no_file_of_the_project(graded):
 
 
 __all__ = ["graded", "judged", "test_points", "test_correct_styles_get_full_marks",
-           "test_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing",
+           "test_mistakes_lose_exactly_their_points_with_a_named_reason",
+           "test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing",
            "test_the_real_pipeline_gives_the_in_process_result", "test_grading_changes_no_file_of_the_project"]

@@ -55,3 +55,23 @@ def test_grade_then_feedback_and_export_with_nbgrader(tmp_path):
     nbgrader(course, "export", "--to", str(tmp_path / "grades.csv"))
     rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
     assert [(r["student_id"], float(r["score"]), float(r["max_score"])) for r in rows] == [("ada", 9.0, 10.0)]
+
+
+def test_a_new_gradebook_is_stamped_with_the_schema_head_alembic_gives(tmp_path):
+    """The project reads nbgrader's schema head in process (``nbgrader_course.schema_head``);
+    nbgrader's own way, the ``alembic heads`` command, gives the same revision, and a gradebook
+    made through the project carries it."""
+    import sqlite3
+
+    from nbgrader.dbutil import write_alembic_ini
+
+    from coursekit import nbgrader_course
+    ini = tmp_path / "alembic.ini"
+    write_alembic_ini(str(ini), f"sqlite:///{tmp_path / 'unused.db'}")
+    heads = subprocess.run(["alembic", "-c", str(ini), "heads"], capture_output=True, text=True, check=True,
+                           env=with_python_bin_on_path(), timeout=120).stdout
+    assert heads.split()[0] == nbgrader_course.schema_head()
+    with nbgrader_course.gradebook(tmp_path):
+        pass
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(heads.split()[0],)]
