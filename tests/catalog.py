@@ -43,8 +43,13 @@ class Catalog:
     independent: dict = dataclasses.field(default_factory=dict)  # as mistakes: an earlier failure costs nothing later
     tampering: dict = dataclasses.field(default_factory=dict)  # name -> notebook: 0 points, no grading error
 
+    @property
+    def every_mistake(self) -> dict:
+        """The mistakes and the independence cases: name -> (notebook, {test_id: words})."""
+        return {**self.mistakes, **self.independent}
+
     def __post_init__(self):
-        for name, (_, expected) in {**self.mistakes, **self.independent}.items():
+        for name, (_, expected) in self.every_mistake.items():
             if not expected:
                 raise ValueError(f"mistake {name}: name the tests it loses (else it only checks full marks)")
             empty = [test_id for test_id, words in expected.items() if not isinstance(words, str) or not words.strip()]
@@ -52,35 +57,39 @@ class Catalog:
                 raise ValueError(f"mistake {name}: give words its message must contain for {empty} "
                                  "('' is found in every message)")
 
+    def _naming(self, words) -> list[str]:
+        """Mistakes whose expected message names one of ``words``."""
+        return [k for k, (_, expected) in self.every_mistake.items()
+                if any(w in text for text in expected.values() for w in words)]
+
     def kernel_only(self) -> list[str]:
         """Mistakes whose expected message names what only a kernel shows: judged through the pipeline alone."""
-        return [f"mistake:{k}" for k, (_, expected) in {**self.mistakes, **self.independent}.items()
-                if any(w in words for words in expected.values() for w in KERNEL_ONLY_WORDS)]
+        return self._naming(KERNEL_ONLY_WORDS)
 
     def notebooks(self) -> dict:
         return {**{f"correct:{k}": v for k, v in self.correct.items()},
-                **{f"mistake:{k}": v[0] for k, v in {**self.mistakes, **self.independent}.items()},
+                **{f"mistake:{k}": v[0] for k, v in self.every_mistake.items()},
                 **{f"tamper:{k}": v for k, v in self.tampering.items()}}
 
+    def judged_mistakes(self) -> list[str]:
+        """Mistakes judged in process: all but the kernel-only ones."""
+        kernel = self.kernel_only()
+        return [k for k in self.every_mistake if k not in kernel]
+
     def names(self, kind: str) -> list[str]:
-        kernel = [k.split(":", 1)[1] for k in self.kernel_only()]
-        return {"correct": list(self.correct),
-                "mistake": [k for k in [*self.mistakes, *self.independent] if k not in kernel],
-                "kernel": kernel, "tamper": list(self.tampering), "sample": self.sample()}[kind]
+        return {"correct": list(self.correct), "mistake": self.judged_mistakes(), "kernel": self.kernel_only(),
+                "tamper": list(self.tampering), "sample": self.sample()}[kind]
 
     def sample(self) -> list[str]:
         """Cases of the in-process tier also sent through the real pipeline: the first correct style,
         the first mistake, and every mistake whose message names the kernel, memory or a restored cell."""
-        kernel = self.kernel_only()
-        mistakes = {k: v for k, v in {**self.mistakes, **self.independent}.items() if f"mistake:{k}" not in kernel}
-        cases = [f"correct:{k}" for k in list(self.correct)[:1]]
-        cases += [f"mistake:{k}" for k in list(mistakes)[:1]]
-        cases += [f"mistake:{k}" for k, (_, expected) in mistakes.items() if f"mistake:{k}" not in cases
-                  and any(w in words for words in expected.values() for w in PIPELINE_WORDS)]
-        return cases
+        judged_here = self.judged_mistakes()
+        named = [k for k in self._naming(PIPELINE_WORDS) if k in judged_here]
+        return [f"correct:{k}" for k in list(self.correct)[:1]] + \
+            [f"mistake:{k}" for k in dict.fromkeys(judged_here[:1] + named)]
 
     def expected_losses(self, name: str) -> dict:
-        return {**self.mistakes, **self.independent}[name][1]
+        return self.every_mistake[name][1]
 
 
 def with_body(chapter: str, exercise: str, name: str, body: str, extra: str = "") -> str:
@@ -186,8 +195,9 @@ def _project_digest() -> dict[str, str]:
 def judged(request, judge_catalog):
     """The correct styles and mistakes, judged in process (all but the kernel-only mistakes)."""
     catalog = request.module.CATALOG
+    kernel = {f"mistake:{k}" for k in catalog.kernel_only()}
     return judge_catalog({k: v for k, v in catalog.notebooks().items()
-                          if not k.startswith("tamper:") and k not in catalog.kernel_only()})
+                          if not k.startswith("tamper:") and k not in kernel})
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +206,7 @@ def graded(request, grade_catalog):
     project's files before and after."""
     catalog = request.module.CATALOG
     before = _project_digest()
-    wanted = {*catalog.sample(), *catalog.kernel_only()}
+    wanted = {*catalog.sample(), *(f"mistake:{k}" for k in catalog.kernel_only())}
     results = grade_catalog({k: v for k, v in catalog.notebooks().items()
                              if k.startswith("tamper:") or k in wanted})
     return results, before

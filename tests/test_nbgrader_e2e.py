@@ -68,10 +68,10 @@ def test_a_new_gradebook_is_stamped_with_the_schema_head_alembic_gives(tmp_path)
     from coursekit import nbgrader_course
     ini = tmp_path / "alembic.ini"
     write_alembic_ini(str(ini), f"sqlite:///{tmp_path / 'unused.db'}")
-    heads = subprocess.run(["alembic", "-c", str(ini), "heads"], capture_output=True, text=True, check=True,
-                           env=with_python_bin_on_path(), timeout=120).stdout
-    assert heads.split()[0] == nbgrader_course.schema_head()
+    head = subprocess.run(["alembic", "-c", str(ini), "heads"], capture_output=True, text=True, check=True,
+                          env=with_python_bin_on_path(), timeout=120).stdout.split()[0]
+    assert head == nbgrader_course.schema_head()
     with nbgrader_course.gradebook(tmp_path):
         pass
     with sqlite3.connect(tmp_path / "gradebook.db") as db:
-        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(heads.split()[0],)]
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
