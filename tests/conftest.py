@@ -1,7 +1,8 @@
 """Shared fixtures: submissions (from ``coursekit.sample_submissions``), graded in parallel, in two tiers.
 
 * ``judge_catalog``: in process (``autograder.inprocess.grade_notebook``: the kernel's own call
-  routine and the grader's own judge, no nbgrader, no sandbox), a fresh forked process per notebook.
+  routine and the grader's own judge, no nbgrader, no sandbox), each notebook in a process forked from
+  a worker that has prepared its chapter (probes and reference results built once).
 * ``grade_catalog``: the real pipeline (nbgrader autograde in the sandboxed kernel).
 
 Tests that use the real pipeline are marked ``pipeline`` (by their fixtures, or by a module's
@@ -76,27 +77,31 @@ def scores_by_test(result: dict) -> dict[str, str]:
     return {test_id: " | ".join(lines) for test_id, lines in out.items()}
 
 
-def _judge_one(path: str):
+def _judge_share(paths: list[str]):
     import warnings
     warnings.filterwarnings("ignore")
-    from autograder.inprocess import grade_notebook
-    try:
-        return grade_notebook(Path(path))
-    except Exception as err:  # noqa: BLE001
-        return {"error": f"{type(err).__name__}: {err}"}
+    from autograder.inprocess import grade_forked
+    return grade_forked([Path(p) for p in paths])
+
+
+SHARES_PER_WORKER = 2  # a worker prepares each chapter once per share; two shares even out the workers' ends
 
 
 def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
-    """Judge many submissions in process: two workers, each notebook in a fresh process forked from
-    one that has imported torch and the grader (so nothing one notebook does reaches another)."""
+    """Judge many submissions in process: two workers (from a server that has imported torch and
+    the grader), each preparing the chapter's probes and reference results once and grading each
+    notebook in a process forked from there (so nothing one notebook does reaches another)."""
     paths = written(notebooks, tmp)
     os.environ.setdefault("MPLBACKEND", "Agg")
     ctx = multiprocessing.get_context("forkserver")
     # nbgrader takes about 3 s to import (coursekit.conventions.is_test_cell needs it): once, not per notebook
     ctx.set_forkserver_preload(["torch", "nbformat", "nbgrader.utils", "autograder.inprocess", "autograder.judge.cells"])
+    names, shares = list(paths), 2 * SHARES_PER_WORKER
+    parts = [names[i::shares] for i in range(shares)]
     with ctx.Pool(2, maxtasksperchild=1) as pool:
-        results = dict(zip(paths, pool.map(_judge_one, paths.values(), chunksize=1)))
-    return results
+        judged = pool.map(_judge_share, [[paths[n] for n in part] for part in parts], chunksize=1)
+    results = {n: r for part, got in zip(parts, judged) for n, r in zip(part, got)}
+    return {n: results[n] for n in names}
 
 
 def _cached(tmp_path_factory, grade):
