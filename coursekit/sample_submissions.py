@@ -4,6 +4,10 @@ Instructor-only: a submission made with ``base="reference"`` contains the refere
 """
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 import nbformat
 
 from . import conventions as C
@@ -11,13 +15,26 @@ from .source import parse_chapter
 
 
 def learner_notebook(chapter: str, language: str = C.SOURCE_LANGUAGE) -> nbformat.NotebookNode:
-    return nbformat.read(C.learner_notebook(chapter, language), as_version=4)
+    """A new copy of the chapter's learner notebook (read and validated once per version of the file)."""
+    path = C.learner_notebook(chapter, language)
+    return nbformat.from_dict(json.loads(_read(path, path.stat().st_mtime_ns)))
 
 
 def reference_answers(chapter: str) -> dict[str, str]:
     """exercise name -> its reference solution, as a learner would type it."""
-    source = parse_chapter(C.COURSE_DIR / f"{chapter}.py")
-    return {c.name: C.strip_solution_markers(c.source) for c in source.of_kind("exercise")}
+    path = C.COURSE_DIR / f"{chapter}.py"
+    return dict(_answers(path, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path, version: int) -> str:
+    """The notebook's JSON, once read and validated."""
+    return json.dumps(nbformat.read(path, as_version=4))
+
+
+@functools.lru_cache(maxsize=None)
+def _answers(path: Path, version: int) -> dict[str, str]:
+    return {c.name: C.strip_solution_markers(c.source) for c in parse_chapter(path).of_kind("exercise")}
 
 
 def submission(answers: dict[str, str] | None = None, *, base="reference", prepend=(), append=(),
