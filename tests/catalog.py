@@ -206,9 +206,12 @@ def graded(request, grade_catalog):
     project's files before and after."""
     catalog = request.module.CATALOG
     before = _project_digest()
-    wanted = {*catalog.sample(), *(f"mistake:{k}" for k in catalog.kernel_only())}
-    results = grade_catalog({k: v for k, v in catalog.notebooks().items()
-                             if k.startswith("tamper:") or k in wanted})
+    notebooks = catalog.notebooks()
+    # The kernel-only mistakes first: each of their looping cells waits out its time limit, while
+    # the other worker grades the rest.
+    order = [*(f"mistake:{k}" for k in catalog.kernel_only()), *catalog.sample(),
+             *(k for k in notebooks if k.startswith("tamper:"))]
+    results = grade_catalog({k: notebooks[k] for k in order})
     return results, before
 
 
@@ -259,7 +262,8 @@ def test_the_real_pipeline_gives_the_in_process_result(graded, judged, sample_ca
 
 def test_grading_changes_no_file_of_the_project(graded):
     """After this chapter's tampering cases ran (whatever order the tests run in)."""
-    assert _project_digest() == graded[1]
+    before, after = graded[1], _project_digest()
+    assert sorted(p for p in {*before, *after} if before.get(p) != after.get(p)) == []
 
 
 __all__ = ["graded", "judged", "test_points", "test_correct_styles_get_full_marks",
