@@ -1,9 +1,10 @@
 """Every feedback page a learner gets, and where it is written.
 
 A graded submission's page (``render``) is nbgrader's feedback in which test cells show
-the judge's verdict, never the hidden test source. A submission that could not be graded
-gets a page that says why (``unavailable_page``). Both are written by ``write_page``, which
-puts the MathJax they need beside them.
+the judge's verdict, never the hidden test source; when that page cannot be made safely, the
+submission gets its scores and verdicts alone (``scores_page``). A submission that could not be
+graded gets a page that says why (``unavailable_page``). All are written by ``write_page``,
+which puts the MathJax they need beside them.
 
 The graded page is nbgrader's ``generate_feedback`` with a template of ours
 (``feedback_template/course_feedback``) so that it reads like the book: math typeset by
@@ -146,6 +147,25 @@ def unavailable_page(student: str, chapter: str, max_score: float, reason: str, 
             f"<p>{told(msg('Score'))}: 0 / {max_score:g}</p>"
             f"<p>{told(msg('This submission could not be graded: {reason}', reason=reason or msg('no reason recorded')))}</p>"
             "</body></html>\n")
+
+
+def scores_page(student: str, chapter: str, outcomes, language: str) -> str:
+    """The page of a graded submission whose full page could not be made safely (nbgrader's page
+    failed, or held a hidden test's text): its score and each test's verdict, as the full page
+    shows them, without the notebook."""
+    def told(message):
+        return html_lib.escape(tell(message, language), quote=False)
+    title = told(msg("{chapter}: feedback for {student}", chapter=chapter, student=student))
+    score, points = sum(o.score for o in outcomes), sum(o.points for o in outcomes)
+    parts = [f"<!DOCTYPE html><html lang='{language.replace('_', '-')}'><head><meta charset='utf-8'>"
+             f"<title>{title}</title></head><body><h1>{title}</h1>",
+             f"<p>{told(msg('Score'))}: {score:g} / {points:g}</p>",
+             f"<p>{told(msg('The full page of this feedback could not be made; here is each test and why it lost points.'))}</p>"]
+    for exercise in dict.fromkeys(o.exercise for o in outcomes):
+        parts.append(f"<h2>{html_lib.escape(exercise)}</h2>")
+        for o in (o for o in outcomes if o.exercise == exercise):
+            parts.append(f"<h3>{html_lib.escape(o.test_id)}</h3>{verdict_output(o, language).data['text/html']}")
+    return "".join(parts) + "</body></html>\n"
 
 
 def render(course: Path, chapter, student: str, autograded: Path, outcomes, submitted_text: str) -> str | None:

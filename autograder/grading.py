@@ -64,8 +64,8 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
     """Grade one notebook. Raises SubmissionError for a file that is not gradable, and
     SandboxUnavailable when ``sandboxed`` and no OS sandbox can run here.
 
-    feedback: also render the feedback page (``Report.feedback_page``; ``feedback.write_page``
-    puts it where it belongs).
+    feedback: also render the feedback page (``Report.feedback_page``: nbgrader's, or the scores and
+    verdicts alone when that cannot be made safely; ``feedback.write_page`` puts it where it belongs).
     keep_course: copy the finished nbgrader course (gradebook, autograded notebook,
     feedback) there, e.g. to run ``nbgrader export`` on it.
     sandboxed=False: run the kernel without the OS sandbox (the report says so).
@@ -91,6 +91,7 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     from coursekit import nbgrader_course
 
     from .feedback import render as render_feedback
+    from .feedback import scores_page
     from .execute import GuardedExecute
     from .judged_grades import Judgement
     from .report import Report
@@ -126,7 +127,8 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
                     enforcement=kernel.enforcement, language=info.language)
     if feedback or keep_course is not None:
         report.feedback_page = render_feedback(course, info, student, autograded, outcomes,
-                                               "\n".join(c.source for c in nb.cells))
+                                               "\n".join(c.source for c in nb.cells)) or \
+            scores_page(student, info.name, outcomes, info.language)
     if keep_course is not None:
         shutil.copytree(course, keep_course, dirs_exist_ok=True)
     return report

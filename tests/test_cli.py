@@ -131,3 +131,16 @@ def test_renamed_notebook_is_recognised_by_its_metadata(tmp_path):
     proc = grade_cli(path, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["score"] == 10.0
+
+
+def test_a_graded_submission_whose_full_page_cannot_be_made_gets_its_scores(tmp_path, monkeypatch):
+    """nbgrader's page failed or held a hidden test's text (``feedback.render`` gives None): the learner
+    still gets a page with the score and every verdict, not one saying it could not be graded."""
+    import autograder.feedback
+    from autograder.grading import grade
+    monkeypatch.setattr(autograder.feedback, "render", lambda *args, **kwargs: None)
+    path = tmp_path / "02_self_attention.ipynb"
+    nbformat.write(submission(), path)
+    page = grade(path, feedback=True).feedback_page
+    assert "Score: 10 / 10" in page and "could not be graded" not in page, page
+    assert "test_causal_mask" in page and "passed" in page, page
