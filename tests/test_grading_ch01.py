@@ -267,6 +267,9 @@ MISTAKES = {
     "decoder_logits_from_state_only": (sub({"BahdanauDecoder": decoder(STANDARD_STEP.replace(
         "self.out(torch.cat([new_state, context], dim=-1))", "self.out(new_state)"))}),
         {t: "logits = self.out(new_state)" for t in BD_TESTS}),
+    # The kernel dies in the last exercise's cell: only the tests that could not run after it lose.
+    "kernel_exits_in_decoder": (sub({"BahdanauDecoder": "import os\nos._exit(0)\n"}),
+                                {t: "did not run" for t in BD_TESTS}),
 }
 
 # ------------------------------------------------------------------ independence
