@@ -175,22 +175,25 @@ def prepared_session(chapter) -> _Session:
     return session
 
 
+_PREPARED: dict = {}  # chapter -> its prepared session, in a process that only forks graders from it
+
+
 def grade_forked(paths) -> list[dict]:
     """``grade_notebook`` for each path, each in a child forked from this process, which prepares
-    each chapter's session once (``prepared_session``): nothing one notebook does reaches another
-    or this process, and no notebook pays again for the probes and the reference's results. A
-    child that dies gives ``{"error": ...}``. For the course's own trusted catalogs."""
+    each chapter's session once (``prepared_session``) and never runs a notebook itself: nothing
+    one notebook does reaches another or this process, and no notebook pays again for the probes
+    and the reference's results. A child that dies gives ``{"error": ...}``. For the course's own
+    trusted catalogs."""
     import torch
     from .submission import load
     torch.set_num_threads(1)  # before any work: a child must not inherit a parent's thread pool
-    sessions: dict = {}
     results = []
     for path in paths:
         try:
             chapter = load(path)[1]
-            if chapter not in sessions:
-                sessions[chapter] = prepared_session(chapter)
-            session = sessions[chapter]
+            if chapter not in _PREPARED:
+                _PREPARED[chapter] = prepared_session(chapter)
+            session = _PREPARED[chapter]
         except Exception:  # noqa: BLE001 - the child meets the same error and reports it
             session = None
         results.append(_in_a_child(grade_notebook, path, session))

@@ -77,14 +77,11 @@ def scores_by_test(result: dict) -> dict[str, str]:
     return {test_id: " | ".join(lines) for test_id, lines in out.items()}
 
 
-def _judge_share(paths: list[str]):
+def _judge_one(path: str):
     import warnings
     warnings.filterwarnings("ignore")
     from autograder.inprocess import grade_forked
-    return grade_forked([Path(p) for p in paths])
-
-
-SHARES_PER_WORKER = 2  # a worker prepares each chapter once per share; two shares even out the workers' ends
+    return grade_forked([Path(path)])[0]
 
 
 def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
@@ -96,12 +93,8 @@ def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
     ctx = multiprocessing.get_context("forkserver")
     # nbgrader takes about 3 s to import (coursekit.conventions.is_test_cell needs it): once, not per notebook
     ctx.set_forkserver_preload(["torch", "nbformat", "nbgrader.utils", "autograder.inprocess", "autograder.judge.cells"])
-    names, shares = list(paths), 2 * SHARES_PER_WORKER
-    parts = [names[i::shares] for i in range(shares)]
-    with ctx.Pool(2, maxtasksperchild=1) as pool:
-        judged = pool.map(_judge_share, [[paths[n] for n in part] for part in parts], chunksize=1)
-    results = {n: r for part, got in zip(parts, judged) for n, r in zip(part, got)}
-    return {n: results[n] for n in names}
+    with ctx.Pool(2) as pool:  # a worker prepares a chapter once and forks a child per notebook
+        return dict(zip(paths, pool.map(_judge_one, paths.values(), chunksize=1)))
 
 
 def _cached(tmp_path_factory, grade):
