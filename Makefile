@@ -9,6 +9,9 @@ INSTALLED := $(VENV)/.installed
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# jsonschema's optional IRI checker (jupyter-events asks for it) compiles 38 grammars whenever
+	@# nbformat is imported, 2-3 s in every grading process; nothing here checks IRIs.
+	$(PY) -m pip uninstall --quiet --disable-pip-version-check --yes rfc3987-syntax lark
 	touch $@
 
 ## The venv and the grader's sandbox: everything `python -m autograder` needs
