@@ -95,6 +95,15 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files")
         exec(compile(student_source, "<student>", "exec"), namespace)
         got = inprocess.run_probes(probes, namespace, tests)
         return [problem for p, g in zip(probes, got) for problem in judge_probe(p, g, set())]
+    namespace: dict = {}
+    exec(compile(student_source, "<student>", "exec"), namespace)
+    got, _ = _run_in_kernel_side(tests, test_id, probes, namespace, tmp_path, monkeypatch)
+    return [problem for p, g in zip(probes, got) for problem in judge_probe(p, g, set())]
+
+
+def _run_in_kernel_side(tests, test_id, probes, namespace, tmp_path, monkeypatch) -> tuple[list[dict], bool]:
+    """The probes through the exchange's files and the kernel's ``run``, as a hidden test cell runs them:
+    the results, and whether ``run`` ended the cell (so that its visible checks do not run)."""
     exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
     cases, results = exchange.cases, exchange.results
     private.mkdir(exist_ok=True)
@@ -103,12 +112,13 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files")
     transfer.write_inputs(cases, test_id, calls, arrays)
     monkeypatch.setenv("ATTN_GRADER_CASES", str(cases))
     monkeypatch.setenv("ATTN_GRADER_RESULTS", str(results))
-    namespace: dict = {}
-    exec(compile(student_source, "<student>", "exec"), namespace)
-    probe.run(test_id, namespace)
+    try:
+        probe.run(test_id, namespace)
+        ended = False
+    except SystemExit:
+        ended = True
     transfer.take_results(exchange, private, test_id)
-    got = transfer.read_results(private, test_id)
-    return [problem for p, g in zip(probes, got) for problem in judge_probe(p, g, set())]
+    return transfer.read_results(private, test_id), ended
 
 
 def test_model_source_holds_the_class_and_what_it_uses(toy):
@@ -134,3 +144,21 @@ def test_a_function_that_changes_its_model_argument_is_told_so(toy, tmp_path, mo
 def test_a_returned_model_is_compared_by_its_state(toy, tmp_path, monkeypatch, route):
     problems = _judge(toy, "test_load", STUDENTS["ignores_the_state"], tmp_path, monkeypatch, route)
     assert problems and "the model's `w` differs" in problems[0], problems
+
+
+def test_after_a_call_runs_past_its_limit_no_later_visible_check_runs(toy, tmp_path, monkeypatch):
+    """The cell of the test whose call looped, and of every later test, ends right after its calls
+    (their results written): a visible check would call the looping code again, for a whole cell
+    time limit, and earns nothing."""
+    monkeypatch.setattr(probe, "_TIMED_OUT", [])
+    namespace: dict = {}
+    exec(compile(TOY.replace("    return model(x)", "    while True:\n        pass"), "<student>", "exec"),
+         namespace)
+    looping = toy.build("test_apply")
+    for p in looping:
+        p.time_limit = 0.2
+    got, ended = _run_in_kernel_side(toy, "test_apply", looping, namespace, tmp_path / "apply", monkeypatch)
+    assert [g["status"] for g in got] == ["timeout"] and ended
+    later = toy.build("test_load")
+    got, ended = _run_in_kernel_side(toy, "test_load", later, namespace, tmp_path / "load", monkeypatch)
+    assert [problem for p, g in zip(later, got) for problem in judge_probe(p, g, set())] == [] and ended
