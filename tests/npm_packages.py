@@ -1,17 +1,15 @@
 """npm packages the tests run in Node or in Chromium, installed once into ``.cache/npm`` (pinned here).
 
-``npm`` comes with Node; when it is missing it is installed with apt-get (as root on Debian),
-as ``tests/test_book.py`` installs Chromium.
+``npm`` comes with Node; when either is missing it is installed with apt-get
+(``tests/system_packages.py``).
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from system_packages import apt_install, installing
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "npm"
@@ -21,21 +19,8 @@ PINNED = {
 }
 
 
-def _apt_install(package: str) -> None:
-    if not shutil.which("apt-get"):
-        pytest.skip(f"{package} is not installed and apt-get is unavailable to install it")
-    if os.geteuid() != 0:
-        pytest.skip(f"{package} is not installed and installing it with apt-get needs root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-
 def node() -> str:
-    if not shutil.which("node"):
-        _apt_install("nodejs")
-    return shutil.which("node")
+    return apt_install("nodejs", "node")
 
 
 def npm_package(name: str) -> Path:
@@ -43,14 +28,20 @@ def npm_package(name: str) -> Path:
     version = PINNED[name]
     folder = CACHE / "node_modules" / name
     manifest = folder / "package.json"
-    if not (manifest.is_file() and json.loads(manifest.read_text())["version"] == version):
+
+    def installed() -> bool:
+        return manifest.is_file() and json.loads(manifest.read_text())["version"] == version
+
+    if not installed():
         node()
-        if not shutil.which("npm"):
-            _apt_install("npm")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["npm", "install", "--prefix", str(CACHE), "--no-audit", "--no-fund",
-                               "--no-package-lock", f"{name}@{version}"],
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"npm install {name}@{version} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        apt_install("npm", "npm")
+        with installing():
+            if not installed():  # another worker may have installed it while this one waited
+                CACHE.mkdir(parents=True, exist_ok=True)
+                proc = subprocess.run(["npm", "install", "--prefix", str(CACHE), "--no-audit", "--no-fund",
+                                       "--no-package-lock", f"{name}@{version}"],
+                                      capture_output=True, text=True, timeout=600)
+                assert proc.returncode == 0, \
+                    f"npm install {name}@{version} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert json.loads(manifest.read_text())["version"] == version, f"{name} is not {version}"
     return folder

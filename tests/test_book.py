@@ -4,7 +4,7 @@ The book is built once per test session by ``python -m coursegen.book`` (the sam
 as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``).
 The browser checks open the pages in headless Debian Chromium, served from 127.0.0.1,
 and drive it over the DevTools protocol (``websocket-client``); Chromium is installed
-with apt-get when missing.
+with apt-get when missing (``tests/system_packages.py``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from bs4 import BeautifulSoup
+
+import system_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
@@ -203,20 +204,7 @@ def _css_external(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if not shutil.which("apt-get"):
-        pytest.skip("chromium is not installed and apt-get is unavailable to install it")
-    if os.geteuid() != 0:
-        pytest.skip("chromium is not installed and installing it with apt-get needs root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    found = shutil.which("chromium")
-    assert found, "apt-get installed chromium but it is not on PATH"
-    return found
+    return system_packages.chromium()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

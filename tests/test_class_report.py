@@ -119,11 +119,9 @@ RENDERED = r"""
 
 
 def test_pages_render_in_chromium(graded):
+    from system_packages import chromium
     from test_book import DevTools  # the same browser driver as the book's tests
-    import shutil
-    binary = shutil.which("chromium")
-    if not binary:
-        pytest.skip("chromium is not installed")
+    binary = chromium()
     tmp, course, _, _ = graded
     devtools = DevTools(binary, tmp / "profile")
     try:
