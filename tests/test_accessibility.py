@@ -18,13 +18,16 @@ course's own or the theme's:
 from __future__ import annotations
 
 import collections
+import os
+import queue
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from npm_packages import npm_package
-from test_book import EDITIONS, built_book, chromium, edition_root, server, browser  # noqa: F401
+from test_book import EDITIONS, DevTools, built_book, chromium, edition_root, server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "_build" / "accessibility.tsv"
@@ -66,25 +69,60 @@ def _pages() -> list[str]:
             if 'http-equiv="Refresh"' not in p.read_text(encoding="utf-8")[:200]]  # index.html: a redirect
 
 
-@pytest.fixture(scope="module")
-def violations(book, server, browser, axe_source) -> list[dict]:
-    """axe-core's violations on every page, each with its page and whether it is the course's own."""
-    found, started, slowest = [], time.perf_counter(), (0.0, "")
+def _axe_on(browser, server: str, page: str, axe_source: str) -> list[dict]:
+    """axe-core's violations on one page, each with its page and whether it is the course's own."""
+    browser.open(f"{server}/{page}")
+    browser.ws.settimeout(AXE_SECONDS)  # a long chapter takes axe-core a minute on a busy machine
     try:
-        for page in _pages():
-            browser.open(f"{server}/{page}")
-            browser.ws.settimeout(AXE_SECONDS)  # a long chapter takes axe-core a minute on a busy machine
-            browser.call("Runtime.evaluate", expression=axe_source + ";0")
-            begun = time.perf_counter()
-            result = browser.call("Runtime.evaluate", expression=AXE_RUN.replace("OWN", repr(OWN)),
-                                  awaitPromise=True, returnByValue=True)
-            assert "exceptionDetails" not in result, f"{page}: axe-core failed: {result['exceptionDetails']}"
-            found += [{"page": page, **v} for v in result["result"]["value"]]
-            slowest = max(slowest, (time.perf_counter() - begun, page))
+        browser.call("Runtime.evaluate", expression=axe_source + ";0")
+        result = browser.call("Runtime.evaluate", expression=AXE_RUN.replace("OWN", repr(OWN)),
+                              awaitPromise=True, returnByValue=True)
     finally:
         browser.ws.settimeout(60)
-    print(f"axe-core over {len(_pages())} pages in {time.perf_counter() - started:.1f} s "
-          f"(slowest: {slowest[1]}, {slowest[0]:.1f} s)")
+    assert "exceptionDetails" not in result, f"{page}: axe-core failed: {result['exceptionDetails']}"
+    return [{"page": page, **v} for v in result["result"]["value"]]
+
+
+@pytest.fixture(scope="module")
+def violations(book, server, chromium, tmp_path_factory, axe_source) -> list[dict]:
+    """axe-core over every page, one headless Chromium per core (axe runs on one thread of a page)."""
+    pages, started = _pages(), time.perf_counter()
+    work, found, seconds, failed = queue.SimpleQueue(), {}, {}, []
+    for page in pages:
+        work.put(page)
+
+    def worker(profile: Path):
+        try:
+            browser = DevTools(chromium, profile)
+        except BaseException as err:  # noqa: BLE001 - raised in the test below
+            failed.append(err)
+            return
+        try:
+            while not failed:
+                try:
+                    page = work.get_nowait()
+                except queue.Empty:
+                    return
+                begun = time.perf_counter()
+                found[page] = _axe_on(browser, server, page, axe_source)
+                seconds[page] = time.perf_counter() - begun
+        except BaseException as err:  # noqa: BLE001 - raised in the test below
+            failed.append(err)
+        finally:
+            browser.close()
+
+    threads = [threading.Thread(target=worker, args=(tmp_path_factory.mktemp("chromium") / "profile",))
+               for _ in range(min(os.cpu_count() or 1, 4))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    slowest = max(seconds, key=seconds.get)
+    print(f"axe-core over {len(pages)} pages in {time.perf_counter() - started:.1f} s with {len(threads)} "
+          f"browsers (slowest: {slowest}, {seconds[slowest]:.1f} s)")
+    found = [v for page in pages for v in found[page]]
     counts = collections.Counter((v["own"], v["impact"], v["rule"]) for v in found)
     lines = ["owner\timpact\trule\tnodes"] + [f"{'course' if own else 'theme'}\t{impact}\t{rule}\t{n}"
                                              for (own, impact, rule), n in sorted(counts.items())]
