@@ -1,8 +1,8 @@
 """Debian packages some tests run (Chromium, Node, npm), installed with apt-get when missing.
 
-``make test`` runs its tests in several worker processes: apt refuses a second apt-get while one
-runs, and two npm installs into one folder can undo each other, so installs take ``installing()``,
-a lock that every worker shares.
+Two test runs can share a machine (two checkouts, or ``make check`` beside ``make test``): apt
+refuses a second apt-get while one runs, and two npm installs into one folder can undo each other,
+so installs take ``installing()``, a lock that every test process on the machine shares.
 """
 from __future__ import annotations
 
