@@ -132,7 +132,24 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize(f"{kind}_case", catalog.names(kind) if catalog else [])
 
 
-PIPELINE_FIXTURES = {"grade_catalog"}
+@pytest.fixture(scope="session")
+def readme_clone(tmp_path_factory):
+    """A fresh clone run through the README's commands (``class_runs.readme_clone``); its
+    ``my-class`` is the sample class graded. Read it, or copy what a test changes."""
+    import class_runs
+    return class_runs.readme_clone(tmp_path_factory.mktemp("readme"))
+
+
+@pytest.fixture(scope="session")
+def sharded_class(tmp_path_factory):
+    """Five students of the sample class graded in two shards and merged (``class_runs.sharded_class``):
+    (tmp, course, shard folders, merge's output). Read it, or copy what a test changes."""
+    import class_runs
+    tmp = tmp_path_factory.mktemp("sharded")
+    return (tmp, *class_runs.sharded_class(tmp))
+
+
+PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class"}
 # Modules whose tests run the grader's command line, a class run or the book build (each
 # through nbgrader and the sandboxed kernel, or Sphinx): the full tier only.
 PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_report", "test_readme",

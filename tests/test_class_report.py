@@ -11,24 +11,15 @@ from pathlib import Path
 import pytest
 from bs4 import BeautifulSoup
 
+from class_runs import CHAPTER, EXPECTED, SHARDED_STUDENTS as STUDENTS, cli
 from conftest import ROOT
-from test_classroom import CHAPTER, EXPECTED, cli, new_course
-
-STUDENTS = {"ada", "ben", "cleo", "dan", "eve"}
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Five sample submissions graded in two shards and merged (each shard writes its own report)."""
-    tmp = tmp_path_factory.mktemp("report")
-    course = new_course(tmp, students=STUDENTS)
-    shards = []
-    for index in (1, 2):
-        out = tmp / f"shard-{index}"
-        cli("grade-class", "--course", str(course), "--shard", f"{index}/2", "--out", str(out), "--workers", "1")
-        shards.append(out)
-    merged = cli("merge", *map(str, shards), "--into", str(course))
-    return tmp, course, shards, merged
+def graded(sharded_class):
+    """Five sample submissions graded in two shards and merged (each shard writes its own report):
+    conftest's ``sharded_class``, which ``test_classroom`` reads too."""
+    return sharded_class
 
 
 def _soup(path: Path) -> BeautifulSoup:

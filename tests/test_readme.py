@@ -6,51 +6,20 @@ line by line, from the root of a ``git clone`` of the committed repository, with
 paths they give. The results the README shows (the sample class's table of scores, the
 files it names) are then checked, so the README cannot drift from what works. ``make
 book`` and ``make test`` are left out: CI runs them. The clone reuses this checkout's
-``.venv`` (a symlink), so nothing is installed.
+``.venv`` (a symlink), so nothing is installed. The class the README grades is the sample
+class: ``test_classroom`` reads the same run (``conftest.readme_clone``).
 """
 from __future__ import annotations
 
 import csv
 import json
-import os
-import re
 import subprocess
 
 import nbformat
 import pytest
 
+from class_runs import code_blocks, readme_commands, readme_sections
 from conftest import ROOT
-
-SECTIONS = ("For learners", "For instructors", "Grading a whole class")
-LEFT_TO_CI = ("make book", "make test")
-
-
-def readme_sections() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    parts = re.split(r"^## (.+)$", text, flags=re.M)
-    return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2])}
-
-
-def code_blocks(section: str, lang: str) -> list[str]:
-    """Fenced blocks of one language (also inside list items), dedented."""
-    blocks = []
-    for match in re.finditer(rf"^( *)```{lang}\n(.*?)^\1```$", section, flags=re.M | re.S):
-        indent = len(match[1])
-        blocks.append("\n".join(line[indent:] for line in match[2].splitlines()))
-    return blocks
-
-
-def readme_commands() -> list[str]:
-    sections = readme_sections()
-    assert set(SECTIONS) <= set(sections), "a README section this test reads was renamed"
-    commands = []
-    for title in SECTIONS:
-        for block in code_blocks(sections[title], "bash"):
-            for line in block.splitlines():
-                if line.strip() and not line.lstrip().startswith("#") \
-                        and not line.lstrip().startswith(LEFT_TO_CI):
-                    commands.append(line)
-    return commands
 
 
 def shown_class_table() -> list[list[str]]:
@@ -62,19 +31,9 @@ def shown_class_table() -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory):
-    """A fresh clone of the committed repository, run through the README's commands."""
-    folder = tmp_path_factory.mktemp("readme") / "attention-from-scratch"
-    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(folder)], check=True, capture_output=True)
-    (folder / ".venv").symlink_to(ROOT / ".venv")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    results = {}
-    for command in readme_commands():
-        proc = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=900)
-        assert proc.returncode == 0, f"README command failed: {command}\n{proc.stdout}\n{proc.stderr}"
-        results[command] = proc
-    return folder, results
+def clone(readme_clone):
+    """The README's commands, run in a fresh clone (conftest's ``readme_clone``)."""
+    return readme_clone
 
 
 def test_the_readme_has_commands_to_run():
