@@ -72,14 +72,18 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
     private: more folders an unsandboxed kernel's audit hook keeps it from reading.
     slot: a kernel started earlier (``KernelSlot``); it is used up either way.
     """
-    # The kernel starts first and boots in its own process while this one imports nbformat,
-    # nbgrader and torch.
-    slot = slot or KernelSlot(sandboxed, private)
+    from .submission import load
+    loaded = None
+    if slot is None:
+        # A file that is not a gradable notebook is refused before a kernel starts for it (in
+        # well under a second, not the seconds a kernel and torch take).
+        loaded = load(path, chapter)
+        slot = KernelSlot(sandboxed, private)
+    # The kernel boots in its own process while this one imports nbgrader and torch.
     try:
         import torch
         torch.set_num_threads(1)  # the reference and the judge, as the kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
-        from .submission import load
-        nb, info = load(path, chapter)
+        nb, info = loaded or load(path, chapter)
         return _grade_in(slot.work, slot.kernel, nb, info, student, feedback, keep_course)
     finally:
         slot.close()
