@@ -277,9 +277,14 @@ def build(language: str = SOURCE_LANGUAGE) -> None:
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"jupyter-book build of the {language} edition failed (exit {proc.returncode})")
+
+
+def place(language: str) -> None:
+    """A translation's pages into ``_build/html/<language>``, once the English build (which empties
+    ``_build/html``) has finished."""
     if language != SOURCE_LANGUAGE:
         shutil.rmtree(html_of(language), ignore_errors=True)
-        shutil.copytree(output / "_build" / "html", html_of(language))
+        shutil.copytree(BUILD / language / "_build" / "html", html_of(language))
 
 
 def publish_learner_notebooks(found, language: str = SOURCE_LANGUAGE) -> None:
@@ -305,13 +310,20 @@ def main() -> int:
     os.chdir(ROOT)
     found = chapters()
     execute_all(found, int(os.environ.get(BOOK_JOBS) or os.cpu_count() or 1))
-    for language in EDITIONS:  # English first: its build empties _build/html
-        started = time.perf_counter()
+    for language in EDITIONS:
         stage(found, language)
+
+    def built(language: str) -> float:
+        started = time.perf_counter()
         build(language)
+        return time.perf_counter() - started
+    # The editions' Sphinx builds share nothing and each keeps one core busy: they run at once.
+    with concurrent.futures.ThreadPoolExecutor(len(EDITIONS)) as pool:
+        seconds = dict(zip(EDITIONS, pool.map(built, EDITIONS)))
+    for language in EDITIONS:  # English first: its build empties _build/html
+        place(language)
         publish_learner_notebooks(found, language)
-        print(f"{language} edition built in {time.perf_counter() - started:.1f} s: "
-              f"{html_of(language) / 'index.html'}")
+        print(f"{language} edition built in {seconds[language]:.1f} s: {html_of(language) / 'index.html'}")
     bad = leaks(HTML)
     if bad:
         print("the built book holds solution or hidden-test text: " + ", ".join(bad), file=sys.stderr)
