@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from npm_packages import npm_package
-from test_book import EDITIONS, DevTools, built_book, chromium, edition_root, server  # noqa: F401
+from test_book import EDITIONS, DevTools, built_book, chromium, edition_root, parsed_page, server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "_build" / "accessibility.tsv"
@@ -145,12 +145,11 @@ def test_no_serious_or_critical_violation_of_the_courses_own(violations):
 def test_every_figure_has_alt_text_in_its_editions_language(book):
     """The figures' alt text names what they show (titles, axes), in the page's language."""
     import re
-    from bs4 import BeautifulSoup
     for language in EDITIONS:
         root = edition_root(language)
         figures = 0
         for page in sorted((root / "chapters").glob("*.html")):
-            for img in BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser").select("article img"):
+            for img in parsed_page(page).select("article img"):
                 alt = img.get("alt", "")
                 assert alt and "_images" not in alt and not alt.endswith(".png"), f"{page.name}: alt={alt!r}"
                 if language != "en":
@@ -160,11 +159,10 @@ def test_every_figure_has_alt_text_in_its_editions_language(book):
 
 
 def test_chinese_pages_declare_zh_cn(book):
-    from bs4 import BeautifulSoup
     for page in sorted(edition_root("zh_CN").rglob("*.html")):
         if "_static" in page.parts:
             continue
-        html = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser").html
+        html = parsed_page(page).html
         if html is None:  # index.html: Jupyter Book's one-line redirect to intro.html
             continue
         assert html.get("lang") == "zh-CN", f"{page.relative_to(edition_root('en'))}: <html lang={html.get('lang')!r}>"

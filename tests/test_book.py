@@ -85,7 +85,10 @@ def built_book() -> Path:
     return HTML
 
 
-def _soup(path: Path) -> BeautifulSoup:
+@functools.cache
+def parsed_page(path: Path) -> BeautifulSoup:
+    """A page of the built book, parsed once per session (the book is built once and only read;
+    a chapter page takes about half a second to parse, and several modules read each)."""
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
@@ -109,7 +112,7 @@ def test_no_solution_or_hidden_test_text_anywhere(book):
 @pytest.mark.parametrize("language", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_download_button_serves_the_learner_notebook(book, chapter, language):
-    page = _soup(edition_root(language) / page_of(chapter))
+    page = parsed_page(edition_root(language) / page_of(chapter))
     links = [a["href"] for a in page.select("a.btn-download-source-button")]
     assert links == [f"../_sources/chapters/{chapter}.ipynb"], f"download links: {links}"
     download = edition_root(language) / "_sources" / "chapters" / f"{chapter}.ipynb"
@@ -129,7 +132,7 @@ def test_code_cells_on_the_page_are_the_learner_notebook(book, chapter, language
     nb = nbformat.read(learner_path(chapter, language), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])
             and "remove-input" not in c.metadata.get("tags", [])]
-    cells = _soup(edition_root(language) / page_of(chapter)).select("article div.cell")
+    cells = parsed_page(edition_root(language) / page_of(chapter)).select("article div.cell")
     assert len(cells) == len(code), f"{len(cells)} code cells on the page, {len(code)} in the notebook"
 
     solutions = _exercise_solutions(chapter)
@@ -171,7 +174,7 @@ def test_pages_load_nothing_from_the_network(book):
     for path in sorted(book.rglob("*.html")):
         if "_static" in path.relative_to(book).parts:
             continue
-        page = _soup(path)
+        page = parsed_page(path)
         rel = path.relative_to(book)
         for tag, attr in (("script", "src"), ("img", "src"), ("iframe", "src"), ("source", "src"),
                           ("video", "src"), ("audio", "src"), ("embed", "src"), ("object", "data")):
@@ -348,7 +351,7 @@ def _requests(devtools: DevTools, origin: str) -> tuple[list[str], list[str]]:
 
 
 def test_the_instructor_page_includes_the_readme_sections(book):
-    page = _soup(book / "instructors.html").get_text()
+    page = parsed_page(book / "instructors.html").get_text()
     for words in ("Grading a whole class", "grade-class", "What is public and what is private"):
         assert words in page, f"the instructor page lacks {words!r}"
 
@@ -432,7 +435,7 @@ def test_chinese_pages_draw_cjk_glyphs_from_a_real_font(browser, server, page):
 
 
 def test_chinese_pages_use_the_themes_chinese_words(book):
-    page = _soup(book / "zh_CN" / page_of(CHAPTERS[0]))
+    page = parsed_page(book / "zh_CN" / page_of(CHAPTERS[0]))
     words = page.get_text(" ")
     assert "搜索" in words, "the theme's search box is not in Chinese"
     assert re.search(r"上一[页个篇]|下一[页个篇]", words), "previous/next links are not in Chinese"
@@ -442,7 +445,7 @@ def test_chinese_pages_use_the_themes_chinese_words(book):
 @pytest.mark.parametrize("page", ["intro.html", "glossary.html", "instructors.html", *(page_of(c) for c in CHAPTERS)])
 def test_every_page_links_to_the_same_page_in_the_other_edition(book, page, language):
     path = edition_root(language) / page
-    links = _soup(path).select("p.course-edition-link a")
+    links = parsed_page(path).select("p.course-edition-link a")
     assert len(links) == 1, f"{language}/{page}: {len(links)} links to the other edition"
     target = (path.parent / links[0]["href"]).resolve()
     other = edition_root("zh_CN" if language == "en" else "en") / page

@@ -24,7 +24,7 @@ import yaml
 from bs4 import BeautifulSoup
 
 from npm_packages import node, npm_package
-from test_book import CHAPTERS, EDITIONS, DevTools, built_book, chromium, edition_root, page_of  # noqa: F401
+from test_book import CHAPTERS, EDITIONS, DevTools, built_book, chromium, edition_root, page_of, parsed_page  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -187,7 +187,7 @@ def _launch_links(page: Path) -> dict[str, str]:
 def test_without_a_repository_the_launch_and_repository_buttons_stay_off(book):
     for language in EDITIONS:
         for page in ("intro.html", *(page_of(c) for c in CHAPTERS)):
-            soup = BeautifulSoup((edition_root(language) / page).read_text(encoding="utf-8"), "html.parser")
+            soup = parsed_page(edition_root(language) / page)
             assert not soup.select(".dropdown-launch-buttons, " + LAUNCH_BUTTONS), f"{language}/{page}: launch buttons"
             assert not soup.select("a.btn-source-repository-button"), f"{language}/{page}: a repository button"
             assert not soup.select('a[href*="colab.research"], a[href*="mybinder"]'), f"{language}/{page}: a launch link"
@@ -196,12 +196,13 @@ def test_without_a_repository_the_launch_and_repository_buttons_stay_off(book):
 
 @pytest.fixture(scope="module")
 def launch_book(book, tmp_path_factory):
-    """The front page and the first chapter of each edition, built with COURSE_REPOSITORY_URL set."""
+    """The front page and the first chapter of each edition, built with COURSE_REPOSITORY_URL set
+    (the editions' builds at once, as ``coursegen.book`` runs them)."""
     from coursegen import book as coursebook
     from coursegen.catalogs import FRONT_MATTER, translations
-    out = {}
     env = dict(os.environ, COURSE_REPOSITORY_URL=REPOSITORY + "/", PYTHONPATH=str(ROOT),
                MPLBACKEND="module://matplotlib_inline.backend_inline")
+    sources = {}
     for language in EDITIONS:
         source = tmp_path_factory.mktemp(f"launch-{language}") / "book"
         shutil.copytree(coursebook.stage_of(language), source,
@@ -212,14 +213,17 @@ def launch_book(book, tmp_path_factory):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("COURSE_REPOSITORY_URL", env["COURSE_REPOSITORY_URL"])
             (source / "_config.yml").write_text(coursebook.edition_config(language, lookup))
-        started = time.perf_counter()
-        proc = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(source),
-                               "--path-output", str(source.parent), "--quiet"],  # links to chapters left out warn
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, f"{language}: {proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        print(f"{language}: two pages built with launch buttons in {time.perf_counter() - started:.1f} s")
-        out[language] = source.parent / "_build" / "html"
-    return out
+        sources[language] = source
+    started = time.perf_counter()
+    builds = {language: subprocess.Popen([str(Path(sys.executable).parent / "jupyter-book"), "build", str(source),
+                                          "--path-output", str(source.parent), "--quiet"],  # links to chapters left out warn
+                                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for language, source in sources.items()}
+    for language, proc in builds.items():
+        out, err = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, f"{language}: {out[-4000:]}\n{err[-4000:]}"
+    print(f"two pages of each edition built with launch buttons in {time.perf_counter() - started:.1f} s")
+    return {language: source.parent / "_build" / "html" for language, source in sources.items()}
 
 
 @pytest.mark.parametrize("language", EDITIONS)
