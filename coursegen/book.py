@@ -267,11 +267,16 @@ def with_launch_buttons(config: dict, language: str) -> dict:
     return config
 
 
+def sphinx_output(language: str) -> Path:
+    """Where an edition's Sphinx build writes (``_build/html`` under it): the translation's apart."""
+    return ROOT if language == SOURCE_LANGUAGE else BUILD / language
+
+
 def build(language: str = SOURCE_LANGUAGE) -> None:
     env = with_python_bin_on_path()
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))  # the extension
-    output = ROOT if language == SOURCE_LANGUAGE else BUILD / language
+    output = sphinx_output(language)
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(stage_of(language)),
            "--path-output", str(output), "--warningiserror", "--keep-going", "--quiet"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
@@ -284,7 +289,7 @@ def place(language: str) -> None:
     ``_build/html``) has finished."""
     if language != SOURCE_LANGUAGE:
         shutil.rmtree(html_of(language), ignore_errors=True)
-        shutil.copytree(BUILD / language / "_build" / "html", html_of(language))
+        shutil.copytree(sphinx_output(language) / "_build" / "html", html_of(language))
 
 
 def publish_learner_notebooks(found, language: str = SOURCE_LANGUAGE) -> None:

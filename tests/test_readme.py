@@ -16,7 +16,6 @@ import json
 import subprocess
 
 import nbformat
-import pytest
 
 from class_runs import code_blocks, readme_commands, readme_sections
 from conftest import ROOT
@@ -28,12 +27,6 @@ def shown_class_table() -> list[list[str]]:
     after = section[section.index("the result"):]
     block = code_blocks(after, "")[0]
     return list(csv.reader(block.splitlines()))
-
-
-@pytest.fixture(scope="module")
-def clone(readme_clone):
-    """The README's commands, run in a fresh clone (conftest's ``readme_clone``)."""
-    return readme_clone
 
 
 def test_the_readme_has_commands_to_run():
@@ -51,8 +44,8 @@ def test_learner_notebooks_are_as_described():
         assert any("raise NotImplementedError()" in c.source for c in code), path.name
 
 
-def test_grading_one_submission(clone):
-    folder, results = clone
+def test_grading_one_submission(readme_clone):
+    folder, results = readme_clone
     report = next(p for c, p in results.items() if " grade " in c and "--json" not in c
                   and "--feedback-dir" not in c)
     assert "02_self_attention: 0 / 10 points" in report.stdout  # "scores 0 / 10 until it is solved"
@@ -61,8 +54,8 @@ def test_grading_one_submission(clone):
     assert (folder / "feedback" / "ada-02_self_attention.html").is_file()
 
 
-def test_the_sample_class_scores_as_shown(clone):
-    folder, results = clone
+def test_the_sample_class_scores_as_shown(readme_clone):
+    folder, results = readme_clone
     shown = shown_class_table()
     with open(folder / "my-class" / "class-grades.csv") as f:
         got = list(csv.reader(f))
@@ -76,8 +69,8 @@ def test_the_sample_class_scores_as_shown(clone):
     assert "6 graded, 3 could not be graded" in summary.stdout
 
 
-def test_files_the_readme_names(clone):
-    folder, _ = clone
+def test_files_the_readme_names(readme_clone):
+    folder, _ = readme_clone
     course = folder / "my-class"
     for student in ("ada", "eve"):
         assert (course / "feedback" / student / "02_self_attention" / "02_self_attention.html").is_file()
