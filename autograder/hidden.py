@@ -183,6 +183,8 @@ class HiddenTests:
         self.inputs_kept = set(inputs_kept)
         self.builders: dict[str, Callable[[Builder], None]] = {}
         self.memory_rules: dict[str, tuple[int, str]] = {}
+        # Reading a reference class's source parses its whole file (inspect): once per process.
+        self._sources: dict[tuple, str] = {}
 
     def test(self, test_id, max_memory: tuple[int, str] | None = None):
         """Register a test's builder.
@@ -200,6 +202,12 @@ class HiddenTests:
 
     def model_source(self, name) -> str:
         """Source that defines the reference class ``name`` and every reference class or function it uses."""
+        key = ("model", name)
+        if key not in self._sources:
+            self._sources[key] = self._model_source(name)
+        return self._sources[key]
+
+    def _model_source(self, name) -> str:
         ref, order, todo = self.reference, [], [name]
         while todo:
             current = todo.pop()
@@ -223,9 +231,12 @@ class HiddenTests:
 
     def dependency_source(self, names) -> str:
         """Source that defines dependency exercises as the reference does, for substitution."""
-        parts = [self.reference.EXPORTS_SOURCE]
-        parts += [inspect.getsource(getattr(self.reference, name)) for name in names]
-        return "\n\n".join(parts)
+        key = ("deps", *names)
+        if key not in self._sources:
+            parts = [self.reference.EXPORTS_SOURCE]
+            parts += [inspect.getsource(getattr(self.reference, name)) for name in names]
+            self._sources[key] = "\n\n".join(parts)
+        return self._sources[key]
 
 
 __all__ = ["HiddenTests", "Builder", "Mistake", "ModelArg", "Probe", "close", "rows_sum_to_one", "tolerance"]

@@ -12,22 +12,11 @@ from __future__ import annotations
 
 import io
 import json
-import weakref
 
 import numpy as np
 
 from .sandboxed import probe as kernel_side
 from .sandboxed import wire
-
-_SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # hidden tests -> {key: source}
-
-
-def _source(hidden, kind, names):
-    cache = _SOURCES.setdefault(hidden, {})
-    key = (kind, names)
-    if key not in cache:
-        cache[key] = hidden.model_source(names) if kind == "model" else hidden.dependency_source(list(names))
-    return cache[key]
 
 
 def _through_npz(arrays: dict) -> dict:
@@ -52,8 +41,8 @@ def encode_calls(probes, hidden, substituted=None, time_limit=None) -> tuple[lis
     calls = []
     for index, probe in enumerate(probes):
         names = [d for d in probe.deps if substituted is None or d in substituted]
-        deps = {"names": names, "source": _source(hidden, "deps", tuple(names))} if names else {}
-        call = wire.encode_call(index, probe, deps, arrays, lambda name: _source(hidden, "model", name))
+        deps = {"names": names, "source": hidden.dependency_source(names)} if names else {}
+        call = wire.encode_call(index, probe, deps, arrays, hidden.model_source)
         if time_limit is not None:
             call["time_limit"] = time_limit
         calls.append(call)
