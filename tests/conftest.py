@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "15")
 
 from coursekit.sample_submissions import learner_notebook, reference_answers, submission  # noqa: E402,F401
+from run_once import once, run_folder  # noqa: E402
 
 
 _upcoming = None  # per worker process: the next notebook's kernel, booting while one is graded
@@ -80,6 +81,7 @@ def scores_by_test(result: dict) -> dict[str, str]:
 def _judge_one(path: str):
     import warnings
     warnings.filterwarnings("ignore")
+    os.environ.setdefault("MPLBACKEND", "Agg")  # in the worker only: kernels that tests start draw inline
     from autograder.inprocess import grade_forked
     return grade_forked([Path(path)])[0]
 
@@ -89,7 +91,6 @@ def judge_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> d
     the grader), each preparing the chapter's probes and reference results once and grading each
     notebook in a process forked from there (so nothing one notebook does reaches another)."""
     paths = written(notebooks, tmp)
-    os.environ.setdefault("MPLBACKEND", "Agg")
     ctx = multiprocessing.get_context("forkserver")
     # nbgrader takes about 3 s to import (coursekit.conventions.is_test_cell needs it): once, not per notebook
     ctx.set_forkserver_preload(["torch", "nbformat", "nbgrader.utils", "autograder.inprocess", "autograder.judge.cells"])
@@ -137,7 +138,7 @@ def readme_clone(tmp_path_factory):
     """A fresh clone run through the README's commands (``class_runs.readme_clone``); its
     ``my-class`` is the sample class graded. Read it, or copy what a test changes."""
     import class_runs
-    return class_runs.readme_clone(tmp_path_factory.mktemp("readme"))
+    return once(run_folder(tmp_path_factory), "readme", class_runs.readme_clone)
 
 
 @pytest.fixture(scope="session")
@@ -145,21 +146,42 @@ def sharded_class(tmp_path_factory):
     """Five students of the sample class graded in two shards and merged (``class_runs.sharded_class``):
     (tmp, course, shard folders, merge's output). Read it, or copy what a test changes."""
     import class_runs
-    tmp = tmp_path_factory.mktemp("sharded")
-    return (tmp, *class_runs.sharded_class(tmp))
+    return once(run_folder(tmp_path_factory), "sharded", lambda tmp: (tmp, *class_runs.sharded_class(tmp)))
 
 
-PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class"}
+PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class", "book"}
 # Modules whose tests run the grader's command line, a class run or the book build (each
 # through nbgrader and the sandboxed kernel, or Sphinx): the full tier only.
 PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_report", "test_readme",
                     "test_nbgrader_e2e", "test_book", "test_chinese_edition", "test_accessibility", "test_publish"}
 
 
+# The module that builds the book, when a run has two workers: its tests need the book first.
+BOOK_BUILDER = "test_accessibility.py"
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that grades through the real pipeline (its fixtures or its module say so) is marked ``pipeline``."""
+    """A test that grades through the real pipeline (its fixtures or its module say so) is marked
+    ``pipeline``; modules are put in the order two workers should take them (``_module_rank``)."""
     for item in items:
         module = getattr(item, "module", None)
         if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())) or \
                 (module is not None and module.__name__.rpartition(".")[2] in PIPELINE_MODULES):
             item.add_marker(pytest.mark.pipeline)
+    rank = _module_rank(items)
+    items.sort(key=lambda item: rank[item.path.name])  # stable: a module's own order stays
+
+
+def _module_rank(items) -> dict[str, int]:
+    """``make test``'s two workers take whole modules in this order (pytest-xdist ``--dist
+    loadfile``): the book's builder first, then the modules that grade through the pipeline
+    (the longest), then the rest, and the other readers of the built book last, so that
+    neither worker waits for the book while there is grading to do."""
+    pipeline, book = set(), set()
+    for item in items:
+        if item.get_closest_marker("pipeline"):
+            pipeline.add(item.path.name)
+        if "book" in getattr(item, "fixturenames", ()):
+            book.add(item.path.name)
+    return {item.path.name: (0 if item.path.name == BOOK_BUILDER else 3 if item.path.name in book
+                             else 1 if item.path.name in pipeline else 2) for item in items}

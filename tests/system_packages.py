@@ -1,8 +1,9 @@
 """Debian packages some tests run (Chromium, Node, npm), installed with apt-get when missing.
 
-Two test runs can share a machine (two checkouts, or ``make check`` beside ``make test``): apt
-refuses a second apt-get while one runs, and two npm installs into one folder can undo each other,
-so installs take ``installing()``, a lock that every test process on the machine shares.
+``make test`` runs two workers, and two test runs can share a machine (two checkouts, or
+``make check`` beside ``make test``): apt refuses a second apt-get while one runs, and two npm
+installs into one folder can undo each other, so installs take ``installing()``, a lock that
+every test process on the machine shares.
 """
 from __future__ import annotations
 

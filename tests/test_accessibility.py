@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from npm_packages import npm_package
-from test_book import EDITIONS, DevTools, built_book, chromium, edition_root, parsed_page, server  # noqa: F401
+from test_book import EDITIONS, DevTools, book, chromium, edition_root, parsed_page, server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "_build" / "accessibility.tsv"
@@ -50,11 +50,6 @@ AXE_RUN = r"""
   })));
 })()
 """
-
-
-@pytest.fixture(scope="module")
-def book() -> Path:
-    return built_book()
 
 
 @pytest.fixture(scope="module")

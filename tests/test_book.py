@@ -26,6 +26,7 @@ import pytest
 from bs4 import BeautifulSoup
 
 import system_packages
+from run_once import once, run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
@@ -61,17 +62,15 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-proxy-server", "--hide-scrollbars", "--window-size=1280,2400"]
 
 
-@pytest.fixture(scope="module")
-def book() -> Path:
-    return built_book()
+@pytest.fixture(scope="session")
+def book(tmp_path_factory) -> Path:
+    """The built book, built once per test run (``run_once``: by the first worker that asks; the
+    executed-notebook cache keeps warm builds short). Other modules that read the book import this."""
+    return once(run_folder(tmp_path_factory), "book", lambda _: build_book())
 
 
-@functools.cache
-def built_book() -> Path:
-    """Build the book once per test session (always; the executed-notebook cache keeps warm builds short).
-
-    Other test modules of the built book take it from here.
-    """
+def build_book() -> Path:
+    """``python -m coursegen.book``, as ``make book`` runs it, with the launch buttons off."""
     started = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k != "COURSE_REPOSITORY_URL"}  # the buttons' off state
     proc = subprocess.run([sys.executable, "-m", "coursegen.book"], cwd=ROOT, capture_output=True,

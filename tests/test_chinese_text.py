@@ -23,6 +23,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
+from test_book import book  # noqa: F401 - the built book, for the tests that read its runs
 
 from coursegen import catalogs, headings
 from coursegen.edition_notes import NOTES
@@ -346,8 +347,7 @@ def test_edition_notes_hold_no_host_name():
 # (``coursegen.book.executed_chapter``, cached in _build/executed) and records there every
 # string each shown figure draws (titles, axis and tick labels, legends, annotations, table
 # cells) as cell metadata; the printed lines are the cached outputs. These tests read that
-# cache: after `make book`, or after tests/test_book.py built the book earlier in `make test`,
-# nothing runs again; without it, the chapter is executed here once and cached for the book.
+# cache, after the test run's book build (``test_book.book``).
 
 # Words a Chinese page may show in English, beyond NOT_PROSE: each kind for the reason given.
 SHOWN_ENGLISH = {
@@ -473,9 +473,9 @@ def test_the_run_records_every_string_a_figure_draws(tmp_path):
     assert "outside the axes" not in drawn[0]["text"], "an invisible text is not shown"
 
 
-@pytest.mark.pipeline  # the book's run of the chapter: executes it unless `make book` has
+@pytest.mark.pipeline  # the book build's run of the chapter
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_what_the_chinese_chapter_draws_and_prints_is_chinese(chapter):
+def test_what_the_chinese_chapter_draws_and_prints_is_chinese(book, chapter):
     """Every figure string, printed line and glued string of the book's run of the Chinese chapter."""
     from coursegen.book import FIGURE_TEXT
     nb = _executed(chapter)

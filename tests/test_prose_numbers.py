@@ -15,14 +15,13 @@ they read the sources in ``course/``, and the glued values where a run left them
   below with the reason it may be typed: a published figure, a definition, a threshold
   the text sets, arithmetic the text shows, or the reader's time estimate that the
   guide asks every opening for;
-* where the book build (or ``test_chapter_runs_with_the_reference``) has cached a run
-  of the chapter as it is now in ``_build/executed/``, no number typed in the prose
+* in the run the book build cached in ``_build/executed/`` (this check is in the full
+  tier, after the build: ``test_book.book``), no number typed in the prose
   equals a glued value of that run, as the prose would round it ("0.2 million" against
   a glued count of 2xx,xxx, "5.9" against a glued 5.87). Numbers of one significant
   digit without "million"/"billion"/"%" (100 tokens, p = 0.1) are too common to judge,
   and a whole number without a unit is compared with glued whole numbers only; a number
   the text sets that a run happens to glue too is listed in ``COINCIDENCES``.
-  Without a cached run this check is skipped, and says so.
 
 What it does not catch: a measured number without such a unit ("a loss of 1.77", "the
 weight 0.42"), and a typed number that a list entry already covers. Math (``$...$``),
@@ -41,6 +40,7 @@ from coursegen import chapters, strip_solution_markers
 from coursegen.book import EXEC_CACHE, glued_outputs
 from coursekit import conventions as C
 from coursekit.conventions import SOURCE_LANGUAGE
+from test_book import book  # noqa: F401 - the built book, for the tests that read its runs
 
 CHAPTERS = {chapter.name: chapter for chapter in chapters()}
 
@@ -211,11 +211,9 @@ def cached_run(name):
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_no_typed_copy_of_a_glued_value(name):
+def test_no_typed_copy_of_a_glued_value(book, name):
     run = cached_run(name)
-    if run is None:
-        pytest.skip(f"no run of the current {name} in {EXEC_CACHE} (the book build and "
-                    "test_chapter_runs_with_the_reference leave one)")
+    assert run is not None, f"the book build left no run of the current {name} in {EXEC_CACHE}"
     copies = [c for c in typed_copies(prose(CHAPTERS[name]), glued_numbers(run))
               if (name, c.split(" (")[0]) not in COINCIDENCES]
     assert not copies, f"{name}: numbers typed into the prose that the run glues: {copies}; quote the glue instead"

@@ -24,17 +24,12 @@ import yaml
 from bs4 import BeautifulSoup
 
 from npm_packages import node, npm_package
-from test_book import CHAPTERS, EDITIONS, DevTools, built_book, chromium, edition_root, page_of, parsed_page  # noqa: F401
+from test_book import CHAPTERS, EDITIONS, DevTools, book, chromium, edition_root, page_of, parsed_page  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 REPOSITORY = "https://github.com/course-org/attention-from-scratch"  # any GitHub repository will do
 LAUNCH_BUTTONS = "a.btn-launch-buttons, .dropdown-launch-buttons a"
-
-
-@pytest.fixture(scope="module")
-def book() -> Path:
-    return built_book()
 
 
 # --------------------------------------------------------------------------- the workflows
