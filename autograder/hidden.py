@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import hashlib
 import inspect
+import os
 import textwrap
 from typing import Any, Callable
 
@@ -39,6 +40,12 @@ class Mistake:
     compute: Callable[..., Any]  # same call as the reference (module mistakes get the module first)
 
 
+def call_time_limit() -> float:
+    """Processor seconds one call of submitted code may use: ``ATTN_GRADER_CALL_TIMEOUT``, else 10
+    (the kernel side stops a call that waits instead, on the clock: ``probe.WAITING_FACTOR``)."""
+    return float(os.environ.get("ATTN_GRADER_CALL_TIMEOUT", "10"))
+
+
 @dataclasses.dataclass
 class Probe:
     target: str
@@ -54,7 +61,7 @@ class Probe:
     label: str = ""
     method: str = "forward"  # for modules: the method under test
     dtype: str | None = None  # for modules: parameters cast to this dtype (e.g. "float64")
-    time_limit: float = 10.0
+    time_limit: float = dataclasses.field(default_factory=call_time_limit)
     strict: bool = False  # float64 outputs must agree to float64 precision (see ``tolerance``)
     # (student, expected) -> bool, for results whose spec leaves some parts open; default ``values_match``
     equivalent: Callable[[Any, Any], bool] | None = None

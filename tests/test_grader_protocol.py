@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -162,3 +163,20 @@ def test_after_a_call_runs_past_its_limit_no_later_visible_check_runs(toy, tmp_p
     later = toy.build("test_load")
     got, ended = _run_in_kernel_side(toy, "test_load", later, namespace, tmp_path / "load", monkeypatch)
     assert [problem for p, g in zip(later, got) for problem in judge_probe(p, g, set())] == [] and ended
+
+
+@pytest.mark.parametrize("body, status", [("time.sleep(0.6)", "ok"), ("time.sleep(60)", "timeout")],
+                         ids=["sleeps past its limit", "waits for ever"])
+def test_a_call_is_limited_in_processor_time_and_a_waiting_call_on_the_clock(toy, body, status):
+    """A sleep uses no processor time: a call that sleeps past its limit (0.3 s) still returns, so
+    a busy machine cannot fail a correct call; a call that waits for ever is stopped after
+    ``WAITING_FACTOR`` times its limit on the clock."""
+    namespace: dict = {}
+    exec(compile(TOY.replace("    return model(x)", f"    import time\n    {body}\n    return model(x)"),
+                 "<student>", "exec"), namespace)
+    call = toy.build("test_apply")[0]
+    call.time_limit = 0.3
+    started = time.monotonic()
+    got = inprocess.run_probe(call, namespace, toy)
+    assert got["status"] == status, got
+    assert time.monotonic() - started < 0.3 * probe.WAITING_FACTOR + 2

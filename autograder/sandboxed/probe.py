@@ -96,6 +96,14 @@ def _on_alarm(signum, frame):
     raise ProbeTimeout()
 
 
+# A call's limit counts processor time (user and system, all its threads): a busy machine, or a
+# class run with more workers than cores, slows a correct call down but does not time it out. A
+# call that waits instead of computing (a sleep, a lock) is stopped on the clock, after this many
+# times its limit.
+WAITING_FACTOR = 3
+_TIMERS = ((signal.ITIMER_PROF, signal.SIGPROF, 1), (signal.ITIMER_REAL, signal.SIGALRM, WAITING_FACTOR))
+
+
 def call_one(probe, arrays, ns, writer):
     """Call the submitted code in ``ns`` on one probe (a ``wire`` call); the result (a ``wire`` result)."""
     result = {"status": "ok"}
@@ -109,8 +117,10 @@ def call_one(probe, arrays, ns, writer):
             ns[name] = env[name]
     recorder = _Recorder()
     _MODEL_CALLS.clear()
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(probe.get("time_limit", 10)))
+    limit = float(probe.get("time_limit", 10))
+    handlers = [signal.signal(number, _on_alarm) for _, number, _ in _TIMERS]
+    for timer, _, factor in _TIMERS:
+        signal.setitimer(timer, limit * factor)
     try:
         target = ns.get(probe["target"], _MISSING)
         if target is _MISSING:
@@ -164,8 +174,9 @@ def call_one(probe, arrays, ns, writer):
         if probe.get("expects_error"):  # the judge reads the message itself (e.g. does it name a key?)
             result["error_message"] = str(err)[:1000]
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        for (timer, number, _), handler in zip(_TIMERS, handlers):
+            signal.setitimer(timer, 0)
+            signal.signal(number, handler)
         for name, saved in deps_saved.items():
             if saved is _MISSING:
                 ns.pop(name, None)
