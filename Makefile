@@ -51,12 +51,12 @@ sandbox:
 ## (catalogs judged in process by the kernel's own call routine and the grader's own judge)
 check: $(INSTALLED)
 	@echo "make check: load average $$(cut -d' ' -f1-3 /proc/loadavg) (pytest's last line gives the time)"
-	$(PY) -m pytest tests -m "not pipeline" -n 2 --dist loadfile
+	$(PY) -m pytest tests -m "not pipeline" -n 2 --dist loadfile --no-loadscope-reorder
 
-## Run every test, both tiers (CI runs this): two workers, each taking whole modules (tests/conftest.py orders them)
+## Run every test, both tiers (CI runs this): two workers take whole modules in the order tests/conftest.py gives
 test: $(INSTALLED) sandbox fonts
 	@echo "make test: load average $$(cut -d' ' -f1-3 /proc/loadavg) (pytest's last line gives the time)"
-	$(PY) -m pytest tests -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 ## Grade one notebook: make grade NB=path/to/02_self_attention.ipynb
 grade: install

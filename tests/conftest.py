@@ -161,32 +161,37 @@ PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_re
                     "test_nbgrader_e2e", "test_book", "test_chinese_edition", "test_accessibility", "test_publish"}
 
 
-# The module that builds the book, when a run has two workers: its tests need the book first.
-BOOK_BUILDER = "test_accessibility.py"
+# Seconds each slow module took in a two-worker `make test` (timed per module, rounded; a module not
+# listed takes under 20 s). Add a new slow module here with its time.
+MODULE_SECONDS = {
+    "test_classroom": 330, "test_sandbox": 210, "test_accessibility": 160, "test_book": 150,
+    "test_grading_ch06": 140, "test_grading_ch05": 120, "test_grading_ch02": 90, "test_grading_ch08": 90,
+    "test_grading_ch07": 80, "test_chinese_edition": 70, "test_publish": 70, "test_grading_ch04": 70,
+    "test_cli": 60, "test_grading_ch01": 60, "test_grading_ch03": 50, "test_class_report": 50,
+    "test_nbgrader_e2e": 30,
+}
+# The module that builds the book (``test_book.book``) for the others that read it.
+BOOK_BUILDER = "test_accessibility"
 
 
 def pytest_collection_modifyitems(config, items):
     """A test that grades through the real pipeline (its fixtures or its module say so) is marked
-    ``pipeline``; modules are put in the order two workers should take them (``_module_rank``)."""
+    ``pipeline``; modules are put in the order ``_module_order`` gives."""
     for item in items:
         module = getattr(item, "module", None)
         if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())) or \
                 (module is not None and module.__name__.rpartition(".")[2] in PIPELINE_MODULES):
             item.add_marker(pytest.mark.pipeline)
-    rank = _module_rank(items)
-    items.sort(key=lambda item: rank[item.path.name])  # stable: a module's own order stays
+    order = _module_order(items)
+    items.sort(key=lambda item: order[item.path.stem])  # stable: a module's own order stays
 
 
-def _module_rank(items) -> dict[str, int]:
-    """``make test``'s two workers take whole modules in this order (pytest-xdist ``--dist
-    loadfile``): the book's builder first, then the modules that grade through the pipeline
-    (the longest), then the rest, and the other readers of the built book last, so that
-    neither worker waits for the book while there is grading to do."""
-    pipeline, book = set(), set()
-    for item in items:
-        if item.get_closest_marker("pipeline"):
-            pipeline.add(item.path.name)
-        if "book" in getattr(item, "fixturenames", ()):
-            book.add(item.path.name)
-    return {item.path.name: (0 if item.path.name == BOOK_BUILDER else 3 if item.path.name in book
-                             else 1 if item.path.name in pipeline else 2) for item in items}
+def _module_order(items) -> dict[str, tuple]:
+    """The order in which ``make test``'s two workers take whole modules (pytest-xdist ``--dist
+    loadfile --no-loadscope-reorder`` keeps it): the book's builder first, so that the book is
+    built (on a fresh clone, every chapter executed: many minutes) while the other worker grades;
+    then the modules that do not read the book, the longest first, so that neither worker is left
+    with a long one at the end; then the book's other readers, the longest first."""
+    reads_book = {item.path.stem for item in items if "book" in getattr(item, "fixturenames", ())}
+    return {item.path.stem: (0 if item.path.stem == BOOK_BUILDER else 2 if item.path.stem in reads_book else 1,
+                             -MODULE_SECONDS.get(item.path.stem, 0)) for item in items}
