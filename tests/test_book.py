@@ -1,6 +1,6 @@
 """The built book: no solution leaks, the learner notebook as download, offline math, figures.
 
-The book is built once per test session by ``python -m coursegen.book`` (the same command
+The book is built once per test run (``book``) by ``python -m coursegen.book`` (the same command
 as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``).
 The browser checks open the pages in headless Debian Chromium, served from 127.0.0.1,
 and drive it over the DevTools protocol (``websocket-client``); Chromium is installed

@@ -51,7 +51,7 @@ def test_chapter_runs_with_the_reference(book, chapter):
     """Visible tests pass with the reference and every given cell runs.
 
     The run is the book's own (``coursegen.book.executed_chapter``, cached by content),
-    so a chapter's training runs once per test session, not once here and once for the book.
+    so a chapter's training runs once per test run, not once here and once for the book.
     """
     from coursegen import parse_chapter
     from coursegen.book import executed_chapter

@@ -1,6 +1,6 @@
 """The book as a published course: its workflows lint, its links resolve, its launch buttons open the learner notebooks.
 
-The built book comes from ``tests/test_book.py`` (built once per session). The launch
+The built book comes from ``tests/test_book.py`` (built once per test run). The launch
 buttons are tested in both states: off in the book ``make book`` builds without
 ``COURSE_REPOSITORY_URL``, and on in a small book (the front page and one chapter of each
 edition) built with it, as the deploying workflow builds.
