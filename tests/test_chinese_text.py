@@ -473,7 +473,6 @@ def test_the_run_records_every_string_a_figure_draws(tmp_path):
     assert "outside the axes" not in drawn[0]["text"], "an invisible text is not shown"
 
 
-@pytest.mark.pipeline  # the book build's run of the chapter
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_what_the_chinese_chapter_draws_and_prints_is_chinese(book, chapter):
     """Every figure string, printed line and glued string of the book's run of the Chinese chapter."""

@@ -45,7 +45,6 @@ def test_shared_contract_checker(tmp_path):
         "a new chapter proposes its table in docs/spec/<chapter>.md"
 
 
-@pytest.mark.pipeline  # the book build's run of the chapter
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_runs_with_the_reference(book, chapter):
     """Visible tests pass with the reference and every given cell runs.
