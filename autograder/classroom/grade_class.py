@@ -38,13 +38,15 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
     if todo:
         # Submitted code must not read the class's gradebook (it holds the instructor cells)
         # or other students' work.
-        pool = WorkerPool(workers or os.cpu_count() or 1, deadline, private=(course, out), sandboxed=sandboxed)
+        count = min(workers or os.cpu_count() or 1, len(todo))  # a worker imports the grader: none idle
+        pool = WorkerPool(count, deadline, private=(course, out), sandboxed=sandboxed)
         pending = list(todo)
         try:
             while pending or pool.busy():
                 for worker in pool.idle():
                     if pending:
-                        pool.submit(worker, pending.pop(0))
+                        next_task = pending.pop(0)
+                        pool.submit(worker, next_task, remaining=len(pending))
                 for task, status, data in pool.poll():
                     entry = record(out, task.student, task.chapter, file_hash(task.path), status, data, task.path)
                     summary["graded" if status == "ok" else "failed"] += 1

@@ -17,7 +17,9 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     """Grade tasks until told to stop; runs in its own session so its kernels can be killed.
 
     The next submission's kernel boots while the current one is graded (it sees nothing
-    until its own submission runs in it).
+    until its own submission runs in it), when the class run says one will come (``spare``:
+    a kernel imports torch, seconds of processor time, and one nobody uses is waste). A file
+    that is not a gradable notebook is refused before it uses up a kernel.
     """
     os.setsid()
     # A result (with its feedback page) can outgrow the pipe; if the class run was killed, nobody
@@ -26,7 +28,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     import warnings
     warnings.filterwarnings("ignore")
     from ..grading import KernelSlot, grade
-    from ..submission import SubmissionError
+    from ..submission import SubmissionError, load
     parent = os.getppid()
     private_paths = tuple(Path(p) for p in private)
     upcoming = None
@@ -40,12 +42,15 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
                 continue
             if item is None:
                 return
-            student, chapter, path = item
+            student, chapter, path, spare = item
+            chapter_known = chapter if chapter in known() else None
             try:
+                load(Path(path), chapter_known)
                 current = upcoming or KernelSlot(sandboxed, private_paths)
                 upcoming = None
-                upcoming = KernelSlot(sandboxed, private_paths)
-                report = grade(Path(path), student=student, chapter=chapter if chapter in known() else None,
+                if spare:
+                    upcoming = KernelSlot(sandboxed, private_paths)
+                report = grade(Path(path), student=student, chapter=chapter_known,
                                feedback=True, private=private_paths, sandboxed=sandboxed, slot=current)
                 data = report.as_json()
                 data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
@@ -82,14 +87,18 @@ class WorkerPool:
         tasks, results = self.ctx.Queue(), self.ctx.Queue()
         proc = self.ctx.Process(target=_worker, args=(tasks, results, self.private, self.sandboxed), daemon=True)
         proc.start()
-        self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "results": results, "task": None, "since": 0.0}
+        self.workers[proc.pid] = {"proc": proc, "tasks": tasks, "results": results, "task": None, "since": 0.0,
+                                  "spare": False}
 
     def idle(self):
         return [w for w in self.workers.values() if w["task"] is None]
 
-    def submit(self, worker, task: Task):
-        worker["task"], worker["since"] = task, time.monotonic()
-        worker["tasks"].put((task.student, task.chapter, str(task.path)))
+    def submit(self, worker, task: Task, remaining: int):
+        """Give WORKER a task; REMAINING tasks wait after it. It boots a spare kernel for the next
+        one only if the other workers' spares are too few for them."""
+        spares = sum(w["spare"] for w in self.workers.values() if w is not worker)
+        worker["task"], worker["since"], worker["spare"] = task, time.monotonic(), remaining > spares
+        worker["tasks"].put((task.student, task.chapter, str(task.path), worker["spare"]))
 
     def busy(self) -> bool:
         return any(w["task"] is not None for w in self.workers.values())
