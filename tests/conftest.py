@@ -36,7 +36,18 @@ from coursekit.sample_submissions import learner_notebook, reference_answers, su
 from run_once import once, run_folder  # noqa: E402
 
 
-_upcoming = None  # per worker process: the next notebook's kernel, booting while one is graded
+_upcoming = None  # per grading process: the next notebook's kernel, booting while one is graded
+
+
+def _start_grading_process():
+    """A grading process closes its spare kernel (and its scratch folder) when the pool ends it."""
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _close_upcoming, exitpriority=10)
+
+
+def _close_upcoming():
+    if _upcoming is not None:
+        _upcoming.close()
 
 
 def _grade_one(path: str):
@@ -44,12 +55,32 @@ def _grade_one(path: str):
     import warnings
     warnings.filterwarnings("ignore")
     from autograder.grading import KernelSlot, grade
+    from autograder.submission import load
     try:
+        load(Path(path), None)  # a file that is not a gradable notebook uses up no kernel
         current, _upcoming = _upcoming or KernelSlot(), None
         _upcoming = KernelSlot()
         return grade(Path(path), slot=current).as_json()
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
+
+
+_grading_pool = None  # per pytest process: two grading processes, started on first use, kept for the run
+
+
+def grading_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """Two grading processes (one per core) for the whole run: each imports torch, nbgrader and
+    the grader once (seconds of processor time), not once per module that grades."""
+    global _grading_pool
+    if _grading_pool is None:
+        _grading_pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=2, mp_context=multiprocessing.get_context("spawn"), initializer=_start_grading_process)
+    return _grading_pool
+
+
+def pytest_sessionfinish(session):
+    if _grading_pool is not None:
+        _grading_pool.shutdown()
 
 
 def written(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, str]:
@@ -68,10 +99,7 @@ def written(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str,
 def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
     """Grade many submissions, two worker processes (one per core)."""
     paths = written(notebooks, tmp)
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
-        results = dict(zip(paths, pool.map(_grade_one, paths.values())))
-    return results
+    return dict(zip(paths, grading_pool().map(_grade_one, paths.values())))
 
 
 def scores_by_test(result: dict) -> dict[str, str]:
