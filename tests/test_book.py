@@ -4,15 +4,20 @@ The book is built once per test run (``book``) by ``python -m coursegen.book`` (
 as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``).
 The browser checks open the pages in headless Debian Chromium, served from 127.0.0.1,
 and drive it over the DevTools protocol (``websocket-client``); Chromium is installed
-with apt-get when missing (``tests/system_packages.py``).
+with apt-get when missing (``tests/system_packages.py``). Each page of both editions is
+visited once per run (``page_visits``): the chapter checks here and axe-core's
+(``test_accessibility``) read what it showed.
 """
 from __future__ import annotations
 
 import base64
+import concurrent.futures
+import contextlib
 import functools
 import http.server
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -214,15 +219,24 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def server(book):
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(book)))
+@contextlib.contextmanager
+def serving(folder: Path):
+    """FOLDER served over HTTP on 127.0.0.1; yields its origin."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(book):
+    with serving(book) as origin:
+        yield origin
 
 
 class DevTools:
@@ -349,6 +363,109 @@ def _requests(devtools: DevTools, origin: str) -> tuple[list[str], list[str]]:
     return outside, [f for f in failed if "/favicon.ico" not in f]  # the browser asks for one itself
 
 
+# Each page of both editions is opened once per run: the chapter checks below and axe-core
+# (test_accessibility) read what it showed. A chapter page takes Chromium seconds of processor
+# time to load and typeset.
+AXE_SECONDS = 600
+OWN = "article.bd-article, .course-edition-link"   # the course's own content on a page (test_accessibility)
+AXE_RUN = r"""
+(async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await document.fonts.ready;
+  await new Promise(r => setTimeout(r, 400));     // the theme's tab stops on scrollable blocks (debounced 300 ms)
+  const own = el => !!el && (el === document.documentElement || !!el.closest(OWN));
+  const result = await axe.run(document, {resultTypes: ["violations"]});
+  return result.violations.flatMap(v => v.nodes.map(n => ({
+    rule: v.id, impact: n.impact || v.impact, help: v.help,
+    target: n.target.join(" "), html: n.html.slice(0, 160),
+    own: own(document.querySelector(n.target[n.target.length - 1])),
+  })));
+})()
+"""
+
+
+def site_pages() -> list[str]:
+    """Every page of both editions (as URL paths), whatever the chapters are."""
+    from coursegen.linkcheck import pages
+    return [p.relative_to(HTML).as_posix() for p in pages(HTML)
+            if 'http-equiv="Refresh"' not in p.read_text(encoding="utf-8")[:200]]  # index.html: a redirect
+
+
+def _visit(browser: DevTools, origin: str, page: str, axe_source: str) -> dict:
+    """What one page showed: on a chapter page, its report (PAGE_REPORT), script errors, requests
+    and a screenshot (``_build/screenshots``); on every page, axe-core's violations."""
+    browser.open(f"{origin}/{page}")
+    seen = {}
+    if page.startswith(tuple(f"{prefix_of(language)}chapters/" for language in EDITIONS)):
+        seen["report"] = browser.evaluate(PAGE_REPORT)
+        browser.settle()
+        seen["exceptions"] = [e["params"]["exceptionDetails"].get("exception", {}).get("description", "")
+                              or e["params"]["exceptionDetails"].get("text", "")
+                              for e in browser.events if e["method"] == "Runtime.exceptionThrown"]
+        shot = browser.call("Page.captureScreenshot", format="png")
+        language = "en" if page.startswith("chapters/") else page.split("/")[0]
+        screenshot = ROOT / "_build" / "screenshots" / f"{Path(page).stem}.{language}.png"
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        seen["outside"], seen["failed"] = _requests(browser, origin)
+    browser.ws.settimeout(AXE_SECONDS)  # a long chapter takes axe-core a minute on a busy machine
+    try:
+        browser.call("Runtime.evaluate", expression=axe_source + ";0")
+        result = browser.call("Runtime.evaluate", expression=AXE_RUN.replace("OWN", repr(OWN)),
+                              awaitPromise=True, returnByValue=True)
+    finally:
+        browser.ws.settimeout(60)
+    assert "exceptionDetails" not in result, f"{page}: axe-core failed: {result['exceptionDetails']}"
+    seen["violations"] = result["result"]["value"]
+    return seen
+
+
+def visit_pages(book: Path, tmp: Path) -> dict:
+    """Every page of the built book, visited in one headless Chromium per core (axe-core runs on one
+    thread of a page): {"origin": the server's, "pages": page -> ``_visit``'s record}."""
+    from npm_packages import npm_package
+    axe_source = (npm_package("axe-core") / "axe.min.js").read_text()
+    binary = system_packages.chromium()
+    pages, started = site_pages(), time.perf_counter()
+    work, seen, seconds = queue.SimpleQueue(), {}, {}
+    for page in pages:
+        work.put(page)
+
+    def worker(origin: str, profile: Path) -> None:
+        browser = DevTools(binary, profile)
+        try:
+            while True:
+                try:
+                    page = work.get_nowait()
+                except queue.Empty:
+                    return
+                begun = time.perf_counter()
+                seen[page] = _visit(browser, origin, page, axe_source)
+                seconds[page] = time.perf_counter() - begun
+        except BaseException:
+            with contextlib.suppress(queue.Empty):  # the other browsers stop after their current page
+                while True:
+                    work.get_nowait()
+            raise
+        finally:
+            browser.close()
+
+    browsers = min(os.cpu_count() or 1, 4)  # each Chromium holds a few hundred MB
+    with serving(book) as origin, concurrent.futures.ThreadPoolExecutor(browsers) as pool:
+        list(pool.map(worker, [origin] * browsers, [tmp / f"chromium-{i}" for i in range(browsers)]))
+    slowest = max(seconds, key=seconds.get)
+    print(f"{len(pages)} pages visited in {time.perf_counter() - started:.1f} s with {browsers} browsers "
+          f"(slowest: {slowest}, {seconds[slowest]:.1f} s)")
+    return {"origin": origin, "pages": {page: seen[page] for page in pages}}
+
+
+@pytest.fixture(scope="session")
+def page_visits(book, tmp_path_factory) -> dict:
+    """Every page of both editions visited once per test run (``visit_pages``; by the first worker
+    that asks)."""
+    return once(run_folder(tmp_path_factory), "page-visits", lambda tmp: visit_pages(book, tmp))
+
+
 def test_the_instructor_page_includes_the_readme_sections(book):
     page = parsed_page(book / "instructors.html").get_text()
     for words in ("Grading a whole class", "grade-class", "What is public and what is private"):
@@ -366,19 +483,12 @@ def test_other_pages_load_offline(browser, server, page):
 
 @pytest.mark.parametrize("language", EDITIONS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter, language):
-    edition = f"{server}/{prefix_of(language)}"
-    browser.open(f"{edition}{page_of(chapter)}")
-    report = browser.evaluate(PAGE_REPORT)
-    browser.settle()
-    exceptions = [e["params"]["exceptionDetails"].get("exception", {}).get("description", "")
-                  or e["params"]["exceptionDetails"].get("text", "")
-                  for e in browser.events if e["method"] == "Runtime.exceptionThrown"]
-    shot = browser.call("Page.captureScreenshot", format="png")
-    screenshot = ROOT / "_build" / "screenshots" / f"{chapter}.{language}.png"
-    screenshot.parent.mkdir(parents=True, exist_ok=True)
-    screenshot.write_bytes(base64.b64decode(shot["data"]))
-
+def test_chapter_page_renders_math_and_figures_offline(page_visits, chapter, language):
+    """MathJax from the book typesets every formula, every figure loads from the book, nothing is
+    fetched from outside and no script fails (a screenshot of each is in _build/screenshots)."""
+    edition = f"{page_visits['origin']}/{prefix_of(language)}"
+    seen = page_visits["pages"][f"{prefix_of(language)}{page_of(chapter)}"]
+    report = seen["report"]
     assert report["mathjax"] and report["mathjax"].startswith("3."), f"MathJax did not load: {report['mathjax']}"
     assert [s.split("?")[0] for s in report["mathjaxSrc"]] == [f"{edition}_static/mathjax/tex-chtml.js"], \
         f"MathJax is not loaded from the book's _static: {report['mathjaxSrc']}"
@@ -394,13 +504,12 @@ def test_chapter_page_renders_math_and_figures_offline(browser, server, chapter,
     assert not broken, f"figures that did not load: {broken}"
     for image in images:
         assert image["src"].startswith(f"{edition}_images/"), image["src"]
-        data = (HTML / image["src"][len(server) + 1:]).read_bytes()
+        data = (HTML / image["src"][len(page_visits["origin"]) + 1:]).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), f"{image['src']} is not a PNG"
 
-    outside, failed = _requests(browser, server)
-    assert not outside, f"the chapter page fetched from outside the book: {outside}"
-    assert not failed, f"requests of the chapter page failed: {failed}"
-    assert not exceptions, f"JavaScript errors on the chapter page: {exceptions}"
+    assert not seen["outside"], f"the chapter page fetched from outside the book: {seen['outside']}"
+    assert not seen["failed"], f"requests of the chapter page failed: {seen['failed']}"
+    assert not seen["exceptions"], f"JavaScript errors on the chapter page: {seen['exceptions']}"
 
 
 # --------------------------------------------------------------------------- the Chinese edition
