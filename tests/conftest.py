@@ -97,7 +97,8 @@ def written(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str,
 
 
 def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
-    """Grade many submissions, two worker processes (one per core)."""
+    """Grade many submissions through the real pipeline, in the run's two grading processes
+    (``grading_pool``)."""
     paths = written(notebooks, tmp)
     return dict(zip(paths, grading_pool().map(_grade_one, paths.values())))
 

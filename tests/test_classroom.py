@@ -212,3 +212,22 @@ def test_grading_twice_gives_the_same_result(tmp_path):
     path = ROOT / "chapters" / f"{CHAPTER}.ipynb"
     first, second = grade(path).as_json(), grade(path).as_json()
     assert first == second
+
+
+def test_a_worker_boots_a_spare_kernel_only_for_a_task_no_other_spare_covers():
+    """Class runs boot no kernel nobody uses: each task says whether its worker boots the next one's."""
+    import queue
+
+    from autograder.classroom.collect import Task
+    from autograder.classroom.workers import WorkerPool
+    pool = WorkerPool.__new__(WorkerPool)  # the dispatch rule alone: no worker processes
+    pool.workers = {pid: {"task": None, "spare": False, "tasks": queue.SimpleQueue()} for pid in (1, 2)}
+    first, second = pool.workers[1], pool.workers[2]
+    pending = [Task(name, CHAPTER, Path(f"{name}.ipynb")) for name in ("ada", "ben", "cleo", "dan")]
+    spares = []
+    for worker in (first, second, first, second):  # each takes the next task as it finishes one
+        task = pending.pop(0)
+        pool.submit(worker, task, remaining=len(pending))
+        spares.append(worker["tasks"].get()[3])
+    # ada: 3 wait, none covered; ben: 2 wait, ada's worker covers one; cleo: 1 waits, ben's covers it
+    assert spares == [True, True, False, False]
