@@ -58,6 +58,29 @@ class KernelSlot:
                 shutil.rmtree(self.work, ignore_errors=True)
 
 
+class KernelRelay:
+    """Kernels for one grading after another: the next submission's kernel boots while the
+    current one is graded (a kernel imports torch: seconds of processor time)."""
+
+    def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = ()):
+        self.sandboxed, self.private, self.spare = sandboxed, private, None
+
+    def take(self, path: Path, chapter: str | None = None, boot_next: bool = True) -> KernelSlot:
+        """The kernel for PATH (give it to ``grade``); a file that is not a gradable notebook is
+        refused (SubmissionError) before it uses one up. BOOT_NEXT: start the next one's now."""
+        from .submission import load
+        load(path, chapter)
+        current, self.spare = self.spare or KernelSlot(self.sandboxed, self.private), None
+        if boot_next:
+            self.spare = KernelSlot(self.sandboxed, self.private)
+        return current
+
+    def close(self):
+        if self.spare is not None:
+            self.spare, spare = None, self.spare
+            spare.close()
+
+
 def grade(path: Path, student: str = "student", feedback: bool = False,
           chapter: str | None = None, keep_course: Path | None = None,
           sandboxed: bool = True, private: tuple[Path, ...] = (), slot: KernelSlot | None = None):

@@ -36,31 +36,28 @@ from coursekit.sample_submissions import learner_notebook, reference_answers, su
 from run_once import once, run_folder  # noqa: E402
 
 
-_upcoming = None  # per grading process: the next notebook's kernel, booting while one is graded
+_kernels = None  # per grading process: its KernelRelay (the next notebook's kernel boots while one is graded)
 
 
 def _start_grading_process():
     """A grading process closes its spare kernel (and its scratch folder) when the pool ends it."""
     import multiprocessing.util
-    multiprocessing.util.Finalize(None, _close_upcoming, exitpriority=10)
+    multiprocessing.util.Finalize(None, _close_kernels, exitpriority=10)
 
 
-def _close_upcoming():
-    if _upcoming is not None:
-        _upcoming.close()
+def _close_kernels():
+    if _kernels is not None:
+        _kernels.close()
 
 
 def _grade_one(path: str):
-    global _upcoming
+    global _kernels
     import warnings
     warnings.filterwarnings("ignore")
-    from autograder.grading import KernelSlot, grade
-    from autograder.submission import load
+    from autograder.grading import KernelRelay, grade
+    _kernels = _kernels or KernelRelay()
     try:
-        load(Path(path), None)  # a file that is not a gradable notebook uses up no kernel
-        current, _upcoming = _upcoming or KernelSlot(), None
-        _upcoming = KernelSlot()
-        return grade(Path(path), slot=current).as_json()
+        return grade(Path(path), slot=_kernels.take(Path(path))).as_json()
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
 

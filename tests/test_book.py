@@ -396,14 +396,14 @@ def _visit(browser: DevTools, origin: str, page: str, axe_source: str) -> dict:
     and a screenshot (``_build/screenshots``); on every page, axe-core's violations."""
     browser.open(f"{origin}/{page}")
     seen = {}
-    if page.startswith(tuple(f"{prefix_of(language)}chapters/" for language in EDITIONS)):
+    language = next((lang for lang in EDITIONS if lang != "en" and page.startswith(prefix_of(lang))), "en")
+    if page.startswith(f"{prefix_of(language)}chapters/"):
         seen["report"] = browser.evaluate(PAGE_REPORT)
         browser.settle()
         seen["exceptions"] = [e["params"]["exceptionDetails"].get("exception", {}).get("description", "")
                               or e["params"]["exceptionDetails"].get("text", "")
                               for e in browser.events if e["method"] == "Runtime.exceptionThrown"]
         shot = browser.call("Page.captureScreenshot", format="png")
-        language = "en" if page.startswith("chapters/") else page.split("/")[0]
         screenshot = ROOT / "_build" / "screenshots" / f"{Path(page).stem}.{language}.png"
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))

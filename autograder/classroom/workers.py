@@ -27,11 +27,11 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     results.cancel_join_thread()
     import warnings
     warnings.filterwarnings("ignore")
-    from ..grading import KernelSlot, grade
-    from ..submission import SubmissionError, load
+    from ..grading import KernelRelay, grade
+    from ..submission import SubmissionError
     parent = os.getppid()
     private_paths = tuple(Path(p) for p in private)
-    upcoming = None
+    kernels = KernelRelay(sandboxed, private_paths)
     try:
         while True:
             try:
@@ -45,13 +45,9 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
             student, chapter, path, spare = item
             chapter_known = chapter if chapter in known() else None
             try:
-                load(Path(path), chapter_known)
-                current = upcoming or KernelSlot(sandboxed, private_paths)
-                upcoming = None
-                if spare:
-                    upcoming = KernelSlot(sandboxed, private_paths)
+                slot = kernels.take(Path(path), chapter_known, boot_next=spare)
                 report = grade(Path(path), student=student, chapter=chapter_known,
-                               feedback=True, private=private_paths, sandboxed=sandboxed, slot=current)
+                               feedback=True, private=private_paths, sandboxed=sandboxed, slot=slot)
                 data = report.as_json()
                 data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
                 data["repairs"] = report.repairs
@@ -63,8 +59,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
                 first = str(err).splitlines()[0] if str(err) else ""
                 results.put((student, chapter, "failed", f"grading failed: {type(err).__name__}: {first}"[:300]))
     finally:
-        if upcoming is not None:
-            upcoming.close()
+        kernels.close()
 
 
 class WorkerPool:
