@@ -29,7 +29,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     warnings.filterwarnings("ignore")
     from ..grading import KernelRelay, grade
     from ..submission import SubmissionError
-    parent = os.getppid()
+    class_run = multiprocessing.parent_process()  # the run that started this worker (not the forkserver)
     private_paths = tuple(Path(p) for p in private)
     kernels = KernelRelay(sandboxed, private_paths)
     try:
@@ -37,7 +37,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
             try:
                 item = tasks.get(timeout=1)
             except queue.Empty:
-                if os.getppid() != parent:  # the class run was killed: do not linger
+                if not class_run.is_alive():  # the class run was killed: do not linger
                     return
                 continue
             if item is None:
@@ -62,15 +62,25 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
         kernels.close()
 
 
+# What grading imports (torch, nbgrader, nbconvert: seconds of processor time), imported once per
+# class run by the process the workers are forked from, not once by each worker.
+PRELOADED = ["torch", "nbformat", "nbgrader.apps.api", "autograder.grading", "autograder.execute",
+             "autograder.feedback", "autograder.judged_grades", "autograder.report", "autograder.session",
+             "autograder.template", "coursekit.nbgrader_course"]
+
+
 class WorkerPool:
     """N worker processes; a task that runs past its deadline has its worker killed.
 
+    Workers are forked from a server process that has imported the grader and never grades
+    (``multiprocessing``'s forkserver): each starts in a moment, with nothing of another's.
     Each worker answers on its own queue: a worker killed while writing a result (a feedback
     page is larger than a pipe) leaves a partial message only in a queue that goes with it.
     """
 
     def __init__(self, count: int, deadline: float, private: tuple[Path, ...] = (), sandboxed: bool = True):
-        self.ctx = multiprocessing.get_context("spawn")
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(PRELOADED)
         self.deadline = deadline
         self.private = tuple(str(p.resolve()) for p in private)
         self.sandboxed = sandboxed
