@@ -160,16 +160,16 @@ def test_relative_paths_from_another_folder(tmp_path):
         return proc
     subprocess.run([sys.executable, str(ROOT / "examples" / "sample_class.py"), "sample"], cwd=tmp_path,
                    check=True, capture_output=True)
-    for student in ("ben", "cleo", "dan"):
+    for student in ("cleo", "dan", "gus"):  # gus loops until a cell's time limit: nothing to do with paths
         shutil.rmtree(tmp_path / "sample" / "submitted" / student)
     run("release", "--course", "my-class", CHAPTER, "--to", "handout")
     assert (tmp_path / "handout" / f"{CHAPTER}.ipynb").exists()
-    run("collect", "sample/submitted", "--course", "my-class")  # ada, gus
+    run("collect", "sample/submitted", "--course", "my-class")  # ada, ben
     cli_together(*(["grade-class", "--course", "my-class", "--shard", f"{index}/2", "--out", f"results/shard-{index}",
                     "--workers", "1"] for index in (1, 2)), cwd=tmp_path, env=env)
     run("merge", "results/shard-1", "results/shard-2", "--into", "my-class")
     run("export", "--course", "my-class")
-    assert grades(tmp_path / "my-class") == {"ada": 10.0, "gus": 10.0}
+    assert grades(tmp_path / "my-class") == {"ada": 10.0, "ben": EXPECTED["ben"]}
     assert (tmp_path / "my-class" / "feedback" / "ada" / CHAPTER / f"{CHAPTER}.html").exists()
     assert (tmp_path / "my-class" / "feedback" / "_static" / "mathjax" / "tex-chtml.js").exists()
 
