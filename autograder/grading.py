@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from jupyter_core.utils import run_sync
 
-from . import sandbox
+from . import sandbox, scratch
 from .exchange import Exchange
 from .kernel import GradingKernelManager
 
 KERNEL_ARGUMENTS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
-
-
-def scratch_parent() -> Path:
-    return Path(tempfile.gettempdir()) / "attn-grader"
 
 
 class KernelSlot:
@@ -41,9 +36,7 @@ class KernelSlot:
     def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = ()):
         if sandboxed:
             sandbox.bubblewrap()
-        parent = scratch_parent()
-        parent.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix="grade-", dir=parent))
+        self.work = scratch.new_folder()
         self.kernel = GradingKernelManager(exchange=Exchange(self.work / "exchange"), scratch=self.work / "scratch",
                                            sandboxed=sandboxed, limits=sandbox.Limits.from_environment(),
                                            private=[str(p) for p in private])
@@ -54,8 +47,7 @@ class KernelSlot:
             run_sync(self.kernel.shutdown_kernel)(now=True)
         finally:
             if not os.environ.get("ATTN_GRADER_KEEP"):  # debugging aid: keep the scratch course
-                self.kernel.exchange.remove()  # first, following nothing the kernel left there
-                shutil.rmtree(self.work, ignore_errors=True)
+                scratch.remove(self.work)
 
 
 class KernelRelay:

@@ -86,9 +86,10 @@ def test_kernel_side_modules_import_nothing_of_the_project(rel):
 PARTS = {
     "autograder.sandboxed": set(),                                        # copied into the kernel
     "autograder.judge": {"autograder.messages", "autograder.sandboxed"},  # never the authoring API
-    # a class run uses one submission's grading whole, and its pages and chapters
+    # a class run uses one submission's grading whole, its pages and chapters, and removes the
+    # scratch folders of a worker it killed
     "autograder.classroom": {"autograder.grading", "autograder.submission", "autograder.feedback",
-                             "autograder.chapters", "autograder.sandbox"},
+                             "autograder.chapters", "autograder.sandbox", "autograder.scratch"},
 }
 # Only the command line reaches up into a class run: one submission's grading knows nothing of classes.
 CLASS_USERS = {"autograder/__main__.py"}

@@ -122,6 +122,10 @@ def _wait_for_ledger_lines(course: Path, count: int, proc, limit=600):
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_interrupted_run_resumes_without_regrading(tmp_path, how):
+    """Killed (its workers then find it gone) or interrupted (it kills its workers), a class run
+    resumes where it stopped and leaves no kernel's scratch folder behind."""
+    from autograder import scratch
+    scratch_before = set(scratch.parent().glob("grade-*"))
     course = new_course(tmp_path, students={"ada", "ben", "dan"})
     proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade-class", "--course", str(course),
                              "--workers", "1"], cwd=ROOT, env=with_python_bin_on_path(),
@@ -137,6 +141,8 @@ def test_interrupted_run_resumes_without_regrading(tmp_path, how):
     resumed = cli("grade-class", "--course", str(course), "--workers", "2")
     assert f"{done} already graded" in resumed.stdout
     assert grades(course) == {s: EXPECTED[s] for s in ("ada", "ben", "dan")}
+    left = [p.name for p in set(scratch.parent().glob("grade-*")) - scratch_before if not scratch.owner_running(p)]
+    assert not left, left
 
 
 def test_shards_merge_into_the_same_grades(sharded_class):

@@ -390,6 +390,32 @@ def test_read_result_under_a_racing_swapper_never_follows_or_blocks(tmp_path):
     assert canary.read_text() == CANARY
 
 
+# ------------------------------------------------------------------ scratch folders
+def test_abandoned_scratch_folders_are_swept_following_nothing(tmp_path, monkeypatch):
+    """A dead process's folder, unchanged for a while, is removed; a live or recent one is not,
+    and a link its kernel left in the exchange folder is removed, not followed."""
+    from autograder import scratch
+    monkeypatch.setattr(scratch.tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid, canary = int(dead.stdout), tmp_path / "host" / "canary.json"
+    canary.parent.mkdir()
+    canary.write_text(CANARY)
+    folders = {"abandoned": scratch.parent() / f"grade-{dead_pid}-a",
+               "recent": scratch.parent() / f"grade-{dead_pid}-b",
+               "alive": scratch.parent() / f"grade-{os.getpid()}-c"}
+    for folder in folders.values():
+        (folder / "exchange" / "results").mkdir(parents=True)
+        (folder / "exchange" / "results" / "t.json").symlink_to(canary)
+        (folder / "exchange" / "results" / "host").symlink_to(canary.parent)
+    hour_ago = time.time() - 3600
+    for name in ("abandoned", "alive"):
+        os.utime(folders[name], (hour_ago, hour_ago))
+    assert scratch.sweep_abandoned() == [folders["abandoned"]]
+    assert not folders["abandoned"].exists() and folders["recent"].exists() and folders["alive"].exists()
+    assert canary.read_text() == CANARY and sorted(p.name for p in canary.parent.iterdir()) == ["canary.json"]
+
+
 # ------------------------------------------------------------------ class mode
 def test_class_run_attackers_gain_nothing_and_change_nobody_else(tmp_path):
     """In a class run, attackers aim at other students' work and the class gradebook."""

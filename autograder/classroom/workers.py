@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+from .. import scratch
 from ..chapters import known
 from .collect import Task
 
@@ -147,6 +148,7 @@ class WorkerPool:
             pass
         w = self.workers.pop(pid)
         w["proc"].join(timeout=5)
+        scratch.remove_of_process(pid)  # it could not remove its kernels' folders itself
 
     def close(self, kill=False):
         for pid, w in list(self.workers.items()):

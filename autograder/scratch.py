@@ -1,0 +1,88 @@
+"""Kernels' scratch folders: one per grading kernel, named after the process that made it.
+
+A grading removes its folder when it ends. A process killed outright cannot: a class run's
+worker killed for overrunning (or on Ctrl-C) has its folders removed by the run that killed
+it (``remove_of_process``), and folders whose process is gone for some other reason (kill -9,
+a crash) are swept by the next grading process on the machine (``sweep_abandoned``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .exchange import Exchange
+
+PREFIX = "grade-"
+ABANDONED_AFTER = 600.0  # seconds unchanged before a dead process's folder is swept (a live one's
+# process may sit in another PID namespace sharing this /tmp, where it looks dead from here)
+_OWNER = re.compile(rf"{PREFIX}(\d+)-")
+_swept = False
+
+
+def parent() -> Path:
+    return Path(tempfile.gettempdir()) / "attn-grader"
+
+
+def new_folder() -> Path:
+    """A new scratch folder for a kernel of this process (the first also sweeps abandoned ones)."""
+    global _swept
+    folder = parent()
+    folder.mkdir(parents=True, exist_ok=True)
+    if not _swept:
+        _swept = True
+        sweep_abandoned()
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=folder))
+
+
+def remove(work: Path) -> None:
+    """Delete a scratch folder, following nothing its kernel left in the exchange folder."""
+    exchange = work / "exchange"
+    if exchange.is_dir() and not exchange.is_symlink():
+        Exchange(exchange).remove()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_of_process(pid: int) -> None:
+    """Delete every scratch folder process PID made (once it and its kernels are gone)."""
+    for work in parent().glob(f"{PREFIX}{pid}-*"):
+        remove(work)
+
+
+def sweep_abandoned(now: float | None = None) -> list[Path]:
+    """Delete this user's scratch folders whose process is gone and that have not changed for
+    ``ABANDONED_AFTER`` seconds; returns them."""
+    now = time.time() if now is None else now
+    swept = []
+    try:
+        entries = list(os.scandir(parent()))
+    except OSError:
+        return swept
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid() \
+                or now - info.st_mtime < ABANDONED_AFTER or owner_running(Path(entry.path)):
+            continue
+        remove(Path(entry.path))
+        swept.append(Path(entry.path))
+    return swept
+
+
+def owner_running(work: Path) -> bool:
+    """Whether the process that made scratch folder WORK still runs (a name not ours counts as yes)."""
+    match = _OWNER.match(work.name)
+    if not match:
+        return True
+    try:
+        os.kill(int(match[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
