@@ -33,12 +33,13 @@ class KernelSlot:
     kernel never sees (the scratch nbgrader course, the taken results).
     """
 
-    def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = ()):
+    def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = (), limits: sandbox.Limits | None = None):
+        """LIMITS: the sandbox's (default: ``Limits.from_environment()``)."""
         if sandboxed:
             sandbox.bubblewrap()
         self.work = scratch.new_folder()
         self.kernel = GradingKernelManager(exchange=Exchange(self.work / "exchange"), scratch=self.work / "scratch",
-                                           sandboxed=sandboxed, limits=sandbox.Limits.from_environment(),
+                                           sandboxed=sandboxed, limits=limits or sandbox.Limits.from_environment(),
                                            private=[str(p) for p in private])
         run_sync(self.kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
 

@@ -50,14 +50,20 @@ def _close_kernels():
         _kernels.close()
 
 
-def _grade_one(path: str):
+def _grade_one(path: str, limits: dict | None = None):
     global _kernels
+    import dataclasses
     import warnings
     warnings.filterwarnings("ignore")
-    from autograder.grading import KernelRelay, grade
+    from autograder.grading import KernelRelay, KernelSlot, grade
+    from autograder.sandbox import Limits
     _kernels = _kernels or KernelRelay()
     try:
-        return grade(Path(path), slot=_kernels.take(Path(path))).as_json()
+        if limits:  # a kernel of its own, started under these limits (the relay's have the defaults)
+            slot = KernelSlot(limits=dataclasses.replace(Limits.from_environment(), **limits))
+        else:
+            slot = _kernels.take(Path(path))
+        return grade(Path(path), slot=slot).as_json()
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
 
@@ -93,11 +99,13 @@ def written(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str,
     return paths
 
 
-def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path) -> dict[str, dict]:
+def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path,
+                    limits: dict[str, dict] | None = None) -> dict[str, dict]:
     """Grade many submissions through the real pipeline, in the run's two grading processes
-    (``grading_pool``)."""
+    (``grading_pool``); LIMITS: name -> the sandbox limits (``sandbox.Limits`` fields) to grade it under."""
     paths = written(notebooks, tmp)
-    return dict(zip(paths, grading_pool().map(_grade_one, paths.values())))
+    return dict(zip(paths, grading_pool().map(_grade_one, paths.values(),
+                                              [(limits or {}).get(name) for name in paths])))
 
 
 def scores_by_test(result: dict) -> dict[str, str]:
