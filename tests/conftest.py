@@ -198,10 +198,10 @@ PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_re
 # Seconds each slow module took in a two-worker `make test` (timed per module, rounded; a module not
 # listed takes under 20 s). Add a new slow module here with its time.
 MODULE_SECONDS = {
-    "test_classroom": 370, "test_sandbox": 230, "test_accessibility": 210, "test_grading_ch05": 170,
-    "test_grading_ch06": 110, "test_grading_ch02": 90, "test_grading_ch07": 80, "test_grading_ch08": 80,
-    "test_cli": 70, "test_chinese_edition": 60, "test_grading_ch01": 50, "test_grading_ch03": 50,
-    "test_grading_ch04": 50, "test_book": 40, "test_publish": 40, "test_nbgrader_e2e": 20,
+    "test_classroom": 350, "test_accessibility": 200, "test_sandbox": 185, "test_grading_ch05": 140,
+    "test_grading_ch06": 120, "test_grading_ch02": 90, "test_grading_ch07": 80, "test_cli": 75,
+    "test_grading_ch08": 60, "test_chinese_edition": 50, "test_grading_ch01": 50, "test_grading_ch03": 50,
+    "test_book": 50, "test_publish": 45, "test_grading_ch04": 45, "test_nbgrader_e2e": 20,
 }
 # The module that builds the book (``test_book.book``) for the others that read it.
 BOOK_BUILDER = "test_accessibility"
