@@ -176,13 +176,11 @@ def test_the_native_read_is_a_real_attack_without_the_sandbox(host, tmp_path):
     """Unsandboxed (the instructor's explicit choice), the audit hook does not stop a native read."""
     path = tmp_path / f"{CHAPTER}.ipynb"
     nbformat.write(attack(attacks(host)["numpy_memmap_private_file"]), path)
-    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--json", "--unsandboxed"],
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--unsandboxed"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["score"] == SDPA_TESTS
-    text = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--unsandboxed"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
-    assert "WITHOUT the OS sandbox" in text
+    assert proc.stdout.startswith(f"{CHAPTER}: {SDPA_TESTS} / 10 points"), proc.stdout[:200]
+    assert "WITHOUT the OS sandbox" in proc.stdout
 
 
 # ------------------------------------------------------------------ limits
