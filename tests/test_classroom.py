@@ -237,3 +237,12 @@ def test_a_worker_boots_a_spare_kernel_only_for_a_task_no_other_spare_covers():
         spares.append(worker["tasks"].get()[3])
     # ada: 3 wait, none covered; ben: 2 wait, ada's worker covers one; cleo: 1 waits, ben's covers it
     assert spares == [True, True, False, False]
+
+
+def test_the_workers_server_preloads_modules_that_exist():
+    """The forkserver skips a module it cannot import without a word: a renamed one would only
+    make every worker import it again."""
+    import importlib.util
+
+    from autograder.classroom.workers import PRELOADED
+    assert all(importlib.util.find_spec(name) is not None for name in PRELOADED), PRELOADED
