@@ -52,11 +52,10 @@ def remove_of_process(pid: int) -> None:
         remove(work)
 
 
-def sweep_abandoned(now: float | None = None) -> list[Path]:
+def sweep_abandoned() -> list[Path]:
     """Delete this user's scratch folders whose process is gone and that have not changed for
     ``ABANDONED_AFTER`` seconds; returns them."""
-    now = time.time() if now is None else now
-    swept = []
+    now, swept = time.time(), []
     try:
         entries = list(os.scandir(parent()))
     except OSError:
