@@ -226,17 +226,32 @@ def test_a_worker_boots_a_spare_kernel_only_for_a_task_no_other_spare_covers():
 
     from autograder.classroom.collect import Task
     from autograder.classroom.workers import WorkerPool
-    pool = WorkerPool.__new__(WorkerPool)  # the dispatch rule alone: no worker processes
-    pool.workers = {pid: {"task": None, "spare": False, "tasks": queue.SimpleQueue()} for pid in (1, 2)}
-    first, second = pool.workers[1], pool.workers[2]
-    pending = [Task(name, CHAPTER, Path(f"{name}.ipynb")) for name in ("ada", "ben", "cleo", "dan")]
-    spares = []
-    for worker in (first, second, first, second):  # each takes the next task as it finishes one
-        task = pending.pop(0)
-        pool.submit(worker, task, remaining=len(pending))
-        spares.append(worker["tasks"].get()[3])
-    # ada: 3 wait, none covered; ben: 2 wait, ada's worker covers one; cleo: 1 waits, ben's covers it
-    assert spares == [True, True, False, False]
+
+    def spares_given(students: list[str], finishing: list[int]) -> list[tuple[str, bool]]:
+        """Two idle workers take STUDENTS in order, then workers finish one by one (FINISHING) and
+        take the next: each task given, and whether its worker boots a spare."""
+        pool = WorkerPool.__new__(WorkerPool)  # the dispatch rule alone: no worker processes
+        pool.workers = {pid: {"task": None, "spare": False, "tasks": queue.SimpleQueue()} for pid in (1, 2)}
+        pending = [Task(name, CHAPTER, Path(f"{name}.ipynb")) for name in students]
+        given = []
+        for finished in [None, *finishing]:
+            if finished:
+                pool.workers[finished]["task"] = None
+            pool.dispatch(pending)
+            for w in pool.workers.values():
+                while not w["tasks"].empty():
+                    student, _, _, spare = w["tasks"].get()
+                    given.append((student, spare))
+        assert not pending
+        return given
+
+    # ada, ben: taken at once, 2 wait, ada's spare covers one, ben's the other; cleo (ada's worker,
+    # its spare): 1 waits, ben's spare covers it; dan: none waits
+    assert spares_given(["ada", "ben", "cleo", "dan"], [1, 2]) == [
+        ("ada", True), ("ben", True), ("cleo", False), ("dan", False)]
+    assert spares_given(["ada", "ben", "cleo"], [1]) == [("ada", True), ("ben", False), ("cleo", False)]
+    assert spares_given(["ada", "ben"], []) == [("ada", False), ("ben", False)]  # taken at once: no spare
+    assert spares_given(["ada"], []) == [("ada", False)]
 
 
 def test_the_workers_server_preloads_modules_that_exist():

@@ -43,10 +43,7 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
         pending = list(todo)
         try:
             while pending or pool.busy():
-                for worker in pool.idle():
-                    if pending:
-                        next_task = pending.pop(0)
-                        pool.submit(worker, next_task, remaining=len(pending))
+                pool.dispatch(pending)
                 for task, status, data in pool.poll():
                     entry = record(out, task.student, task.chapter, file_hash(task.path), status, data, task.path)
                     summary["graded" if status == "ok" else "failed"] += 1

@@ -99,6 +99,17 @@ class WorkerPool:
     def idle(self):
         return [w for w in self.workers.values() if w["task"] is None]
 
+    def dispatch(self, pending: list[Task]) -> None:
+        """Give each idle worker the next of PENDING (taken from the list): a worker boots a spare
+        kernel only for the tasks left after all of them."""
+        given = []
+        for worker in self.idle():
+            if not pending:
+                break
+            given.append((worker, pending.pop(0)))
+        for worker, task in given:
+            self.submit(worker, task, remaining=len(pending))
+
     def submit(self, worker, task: Task, remaining: int):
         """Give WORKER a task; REMAINING tasks wait after it. It boots a spare kernel for the next
         one only if the other workers' spares are too few for them."""
