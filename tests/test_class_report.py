@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import xml.dom.minidom
 from pathlib import Path
 
 import pytest
@@ -88,11 +89,13 @@ def test_page_is_self_contained(graded):
     for name in ("class-report.html", "class-similarity.html"):
         soup = _soup(course / name)
         assert not soup.find("script") and not soup.find("link")
-        assert all(img["src"].startswith("data:image/png;base64,") for img in soup.find_all("img"))
+        assert all(img["src"].startswith("data:image/svg+xml;base64,") for img in soup.find_all("img"))
     images = _soup(course / "class-report.html").find_all("img")
     assert len(images) == 2  # the score histogram and the pass rates of the one chapter
     for img in images:
-        assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+        svg = xml.dom.minidom.parseString(base64.b64decode(img["src"].split(",", 1)[1])).documentElement
+        assert svg.tagName == "svg" and img["alt"], img["alt"]
+        assert CHAPTER in [t.firstChild.data for t in svg.getElementsByTagName("text")]  # its title, as text
 
 
 RENDERED = r"""

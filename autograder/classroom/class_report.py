@@ -12,15 +12,14 @@ the submitted notebooks (for the similarity page, ``similarity``).
     class-similarity.html  per exercise, the most similar pairs of answer cells side by side
     class-similarity.csv   every pair at or above the threshold, with its scores
 
-The pages are for the instructor (English), offline: figures are PNG data URIs drawn
-with matplotlib, the CSS is inline and there is no script.
+The pages are for the instructor (English), offline: figures are SVG data URIs (drawn
+here), the CSS is inline and there is no script.
 """
 from __future__ import annotations
 
 import base64
 import csv
 import html
-import io
 import json
 import re
 import statistics
@@ -181,41 +180,64 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
 
 # --------------------------------------------------------------------------- figures
 
-def _png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+# Drawn as SVG here (rectangles and labels), not with matplotlib: its import and one figure cost a
+# class run about two seconds of processor time, and an SVG's labels stay text.
+
+def _text(x: float, y: float, words, anchor: str = "middle", size: int = 11, rotate: bool = False) -> str:
+    place = f"transform='translate({x:.1f} {y:.1f}) rotate(-90)'" if rotate else f"x='{x:.1f}' y='{y:.1f}'"
+    return (f"<text {place} text-anchor='{anchor}' font-family='system-ui,sans-serif' font-size='{size}' "
+            f"fill='#222'>{_e(words)}</text>")
+
+
+def _svg(width: float, height: float, title: str, body: list[str]) -> str:
+    svg = (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{height:.0f}'>"
+           f"<rect width='100%' height='100%' fill='white'/>{_text(width / 2, 16, title, size=12)}"
+           + "".join(body) + "</svg>")
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+
+
+def _bar(x: float, y: float, width: float, height: float, colour: str, tip: str) -> str:
+    return (f"<rect x='{x:.1f}' y='{y:.1f}' width='{width:.1f}' height='{height:.1f}' fill='{colour}'>"
+            f"<title>{_e(tip)}</title></rect>")
 
 
 def _histogram(chapter: str, scores: list[float], top: float) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.2, 2.6))
+    """Submissions per score: one bar per whole point up to 10 points, else ten bins."""
     top = top or max(scores, default=1) or 1
     edges = [i * top / 10 for i in range(11)] if top > 10 else [i - 0.5 for i in range(int(top) + 2)]
-    ax.hist(scores, bins=edges, color="#3b6ea5", edgecolor="white")
-    ax.set_xlabel(f"score (of {top:g})")
-    ax.set_ylabel("submissions")
-    ax.set_title(chapter, fontsize=10)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    return _png(fig)
+    counts = [0] * (len(edges) - 1)
+    for score in scores:  # a bin holds [left, right), the last one its right edge too
+        if edges[0] <= score <= edges[-1]:
+            counts[next((i for i in range(len(counts) - 1) if score < edges[i + 1]), len(counts) - 1)] += 1
+    step = -(-max(counts, default=0) // 5) or 1  # at most six whole-number ticks
+    ticks = list(range(0, max(counts, default=0) + step, step)) if any(counts) else [0, 1]
+    left, right, bottom, height = 48, 456, 190, 150  # the plot: x from left to right, y up from bottom
+    x = lambda v: left + (v - edges[0]) / (edges[-1] - edges[0]) * (right - left)  # noqa: E731
+    y = lambda n: bottom - n / ticks[-1] * height  # noqa: E731
+    body = [_bar(x(a) + 0.5, y(n), x(b) - x(a) - 1, bottom - y(n), "#3b6ea5",
+                 f"{f'score {a + 0.5:g}' if top <= 10 else f'scores {a:g} to {b:g}'}: {n}")
+            for a, b, n in zip(edges, edges[1:], counts) if n]
+    body.append(f"<path d='M{left} {bottom - height - 4}V{bottom}H{right}' stroke='#444' fill='none'/>")
+    body += [_text(left - 6, y(t) + 4, t, anchor="end") for t in ticks]
+    body += [_text(x(v), bottom + 15, f"{v:g}") for v in (edges if top > 10 else range(int(top) + 1))]
+    body += [_text((left + right) / 2, bottom + 32, f"score (of {top:g})"),
+             _text(14, bottom - height / 2, "submissions", rotate=True)]
+    return _svg(470, 232, chapter, body)
 
 
 def _bars(title: str, names: list[str], rates: list[float]) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.2, 0.35 * len(names) + 0.9))
-    ax.barh(range(len(names)), [100 * r for r in rates], color="#5b9a68")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("full marks (% of graded submissions)")
-    ax.set_title(title, fontsize=10)
-    return _png(fig)
+    """One bar per name: the share of graded submissions with its full marks."""
+    left = 12 + 6.5 * max((len(n) for n in names), default=0)  # room for the longest name
+    right, top, row = left + 300, 28, 22
+    bottom = top + row * len(names)
+    body = []
+    for i, (name, rate) in enumerate(zip(names, rates)):
+        body += [_bar(left, top + i * row + 3, rate * (right - left), row - 6, "#5b9a68", f"{name}: {100 * rate:.0f} %"),
+                 _text(left - 6, top + i * row + row / 2 + 4, name, anchor="end")]
+    body.append(f"<path d='M{left} {top}V{bottom}H{right}' stroke='#444' fill='none'/>")
+    body += [_text(left + p / 100 * (right - left), bottom + 15, p) for p in range(0, 101, 20)]
+    body.append(_text((left + right) / 2, bottom + 32, "full marks (% of graded submissions)"))
+    return _svg(right + 20, bottom + 42, title, body)
 
 
 # --------------------------------------------------------------------------- page and CSV
