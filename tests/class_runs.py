@@ -1,6 +1,7 @@
 """Class runs the tests share: the sample class, as the README's commands grade it, and five of its
 students graded in two shards and merged (``conftest``'s session fixtures ``readme_clone`` and
-``sharded_class``). Each costs a class run of 40-60 s; tests that only read them get a copy."""
+``sharded_class``). Each costs a class run of 40-60 s; tests that only read them get a copy. The
+sample class released and collected (``released_class``) is made once too, and copied for each new course."""
 from __future__ import annotations
 
 import csv
@@ -46,27 +47,29 @@ def grades(folder: Path) -> dict[str, float]:
         return {row["student"]: float(row["total"]) for row in csv.DictReader(f)}
 
 
-def new_course(tmp: Path, students=None) -> Path:
-    """The sample class released and collected into a new course folder under ``tmp`` (only
-    ``students``, if given)."""
-    sample = tmp / "sample"
-    if not sample.exists():
-        subprocess.run([sys.executable, str(ROOT / "examples" / "sample_class.py"), str(sample)], check=True,
-                       capture_output=True)
-    course = tmp / f"course-{len(list(tmp.glob('course-*')))}"
+def released_class(tmp: Path) -> Path:
+    """The sample class (``examples/sample_class.py``) released and collected, as an instructor
+    would (``conftest``'s session fixture: made once, copied by ``new_course``)."""
+    sample, course = tmp / "sample", tmp / "course"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "sample_class.py"), str(sample)], check=True,
+                   capture_output=True)
     cli("release", "--course", str(course), CHAPTER)
     cli("collect", str(sample / "submitted"), "--course", str(course))
     cli("collect", str(sample / "lms-download"), "--course", str(course), "--chapter", CHAPTER)
-    if students is not None:
-        for folder in (course / "submitted").iterdir():
-            if folder.name not in students:
-                shutil.rmtree(folder)
     return course
 
 
-def sharded_class(tmp: Path):
+def new_course(tmp: Path, released: Path, students=None) -> Path:
+    """A copy of the RELEASED class in a new course folder under ``tmp`` (only ``students``, if given)."""
+    course = tmp / f"course-{len(list(tmp.glob('course-*')))}"
+    shutil.copytree(released, course, symlinks=True, ignore=lambda folder, names: [
+        n for n in names if students is not None and Path(folder) == released / "submitted" and n not in students])
+    return course
+
+
+def sharded_class(tmp: Path, released: Path):
     """``SHARDED_STUDENTS`` graded in two shards at once and merged: (course, shard folders, merge's output)."""
-    course = new_course(tmp, students=SHARDED_STUDENTS)
+    course = new_course(tmp, released, students=SHARDED_STUDENTS)
     shards = [tmp / f"shard-{index}" for index in (1, 2)]
     cli_together(*(["grade-class", "--course", str(course), "--shard", f"{index}/2", "--out", str(out),
                     "--workers", "1"] for index, out in enumerate(shards, 1)))

@@ -181,11 +181,20 @@ def readme_clone(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def sharded_class(tmp_path_factory):
+def released_class(tmp_path_factory):
+    """The sample class released and collected, not graded (``class_runs.released_class``): copy
+    it with ``class_runs.new_course``."""
+    import class_runs
+    return once(run_folder(tmp_path_factory), "released", class_runs.released_class)
+
+
+@pytest.fixture(scope="session")
+def sharded_class(tmp_path_factory, released_class):
     """Five students of the sample class graded in two shards and merged (``class_runs.sharded_class``):
     (tmp, course, shard folders, merge's output). Read it, or copy what a test changes."""
     import class_runs
-    return once(run_folder(tmp_path_factory), "sharded", lambda tmp: (tmp, *class_runs.sharded_class(tmp)))
+    return once(run_folder(tmp_path_factory), "sharded",
+                lambda tmp: (tmp, *class_runs.sharded_class(tmp, released_class)))
 
 
 PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class", "book"}
