@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -105,6 +106,14 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
         slot.close()
 
 
+def _autograde_failure(log: str) -> str:
+    """Why nbgrader's autograde failed, from its log: the last exception it shows other than its
+    own summary (NbGraderException, "see the above traceback"), else the log's end."""
+    raised = [line.strip() for line in log.splitlines()
+              if re.match(r"\s*[\w.]*(Error|Exception|Interrupt|Exit)\b", line) and "NbGraderException" not in line]
+    return raised[-1] if raised else log.strip()[-300:]
+
+
 def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     import nbformat
 
@@ -137,8 +146,8 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     result = api.autograde(info.name, student, force=True, create=True)
     autograded = course / "autograded" / student / info.name / f"{info.name}.ipynb"
     if not autograded.exists():
-        why = kernel.start_failure() or (result.get("error") or result.get("log") or "").strip()
-        raise RuntimeError("nbgrader autograde produced no notebook: " + why[-300:].replace("\n", " "))
+        why = kernel.start_failure() or _autograde_failure(result.get("error") or result.get("log") or "")
+        raise RuntimeError("nbgrader autograde produced no notebook: " + why[:300].replace("\n", " "))
 
     outcomes = judgement.outcomes
     if outcomes is None:

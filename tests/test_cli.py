@@ -67,6 +67,19 @@ def test_missing_file(tmp_path):
     assert proc.returncode == 2 and "no such file" in proc.stderr
 
 
+def test_a_failed_autograde_is_named_by_its_cause_not_nbgraders_summary():
+    """nbgrader ends a failed autograde with "see the above traceback": the error shows the cause."""
+    from autograder.grading import _autograde_failure
+    log = ("[AutogradeApp | ERROR] There was an error processing assignment: /tmp/c/submitted/s/ch\n"
+           "Traceback (most recent call last):\n  File \"run.py\", line 3, in preprocess\n"
+           "    raise DeadKernelError('Kernel died')\nnbclient.exceptions.DeadKernelError: Kernel died\n"
+           "Traceback (most recent call last):\n  File \"base.py\", line 468, in convert_notebooks\n"
+           "    raise NbGraderException(msg)\n"
+           "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details\n")
+    assert _autograde_failure(log) == "nbclient.exceptions.DeadKernelError: Kernel died"
+    assert _autograde_failure("no traceback at all") == "no traceback at all"
+
+
 # ------------------------------------------------------------ damaged but gradable notebooks
 def _damaged():
     cases = {}
