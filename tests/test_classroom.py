@@ -128,8 +128,8 @@ def _wait_for_ledger_lines(course: Path, count: int, proc, limit=600):
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_interrupted_run_resumes_without_regrading(tmp_path, released_class, how):
-    """Killed (its workers then find it gone) or interrupted (it kills its workers), a class run
-    resumes where it stopped and leaves no kernel's scratch folder behind."""
+    """Killed (its worker then stops the grading under way) or interrupted (it kills its workers),
+    a class run resumes where it stopped and leaves no kernel's scratch folder behind."""
     from autograder import scratch
     scratch_before = set(scratch.parent().glob("grade-*"))
     course = new_course(tmp_path, released_class, students={"ada", "ben", "dan"})

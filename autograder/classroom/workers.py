@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     from ..grading import KernelRelay, grade
     from ..submission import SubmissionError
     class_run = multiprocessing.parent_process()  # the run that started this worker (not the forkserver)
+    threading.Thread(target=_stop_when_gone, args=(class_run,), daemon=True).start()
     private_paths = tuple(Path(p) for p in private)
     kernels = KernelRelay(sandboxed, private_paths)
     try:
@@ -38,7 +40,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
             try:
                 item = tasks.get(timeout=1)
             except queue.Empty:
-                if not class_run.is_alive():  # the class run was killed: do not linger
+                if not class_run.is_alive():  # killed: a grading its interrupt did not end has ended now
                     return
                 continue
             if item is None:
@@ -59,8 +61,23 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
             except Exception as err:  # noqa: BLE001 - one line per submission, the class goes on
                 first = str(err).splitlines()[0] if str(err) else ""
                 results.put((student, chapter, "failed", f"grading failed: {type(err).__name__}: {first}"[:300]))
+    except KeyboardInterrupt:  # from _stop_when_gone: a worker has its own session, no terminal's Ctrl-C
+        return
     finally:
         kernels.close()
+
+
+def _stop_when_gone(class_run, grace: float = 60.0) -> None:
+    """A worker's watch on its class run. A run that ends tells its workers; one that was killed
+    (kill -9, the out-of-memory killer) cannot, and nobody would read what they grade: the grading
+    under way is interrupted (its kernels shut down, its scratch folders removed, as after any
+    grading; inside nbgrader's autograde, which keeps a KeyboardInterrupt to itself, the grading
+    fails at once and the worker stops when idle), and if that has not ended the worker within
+    GRACE seconds, its whole session is killed."""
+    class_run.join()
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a signal, to end a blocking wait too
+    time.sleep(grace)
+    os.killpg(0, signal.SIGKILL)
 
 
 # What grading imports (torch, nbgrader, nbconvert: seconds of processor time), imported once per
