@@ -106,12 +106,14 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
         slot.close()
 
 
-def _autograde_failure(log: str) -> str:
-    """Why nbgrader's autograde failed, from its log: the last exception it shows other than its
-    own summary (NbGraderException, "see the above traceback"), else the log's end."""
-    raised = [line.strip() for line in log.splitlines()
+def _autograde_failure(result: dict) -> str:
+    """Why nbgrader's autograde failed (its API's RESULT): the last exception its log shows other
+    than its own summary (NbGraderException, "see the above traceback", which is all of RESULT's
+    "error"), else the end of that error or log."""
+    text = (result.get("log") or "") + "\n" + (result.get("error") or "")
+    raised = [line.strip() for line in text.splitlines()
               if re.match(r"\s*[\w.]*(Error|Exception|Interrupt|Exit)\b", line) and "NbGraderException" not in line]
-    return raised[-1] if raised else log.strip()[-300:]
+    return raised[-1] if raised else text.strip()[-300:]
 
 
 def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
@@ -146,7 +148,7 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     result = api.autograde(info.name, student, force=True, create=True)
     autograded = course / "autograded" / student / info.name / f"{info.name}.ipynb"
     if not autograded.exists():
-        why = kernel.start_failure() or _autograde_failure(result.get("error") or result.get("log") or "")
+        why = kernel.start_failure() or _autograde_failure(result)
         raise RuntimeError("nbgrader autograde produced no notebook: " + why[:300].replace("\n", " "))
 
     outcomes = judgement.outcomes

@@ -68,16 +68,19 @@ def test_missing_file(tmp_path):
 
 
 def test_a_failed_autograde_is_named_by_its_cause_not_nbgraders_summary():
-    """nbgrader ends a failed autograde with "see the above traceback": the error shows the cause."""
+    """nbgrader's API returns its log and, as "error", its own summary ("see the above traceback"):
+    the error a grading raises shows the cause, from the log."""
     from autograder.grading import _autograde_failure
     log = ("[AutogradeApp | ERROR] There was an error processing assignment: /tmp/c/submitted/s/ch\n"
            "Traceback (most recent call last):\n  File \"run.py\", line 3, in preprocess\n"
            "    raise DeadKernelError('Kernel died')\nnbclient.exceptions.DeadKernelError: Kernel died\n"
-           "Traceback (most recent call last):\n  File \"base.py\", line 468, in convert_notebooks\n"
-           "    raise NbGraderException(msg)\n"
-           "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details\n")
-    assert _autograde_failure(log) == "nbclient.exceptions.DeadKernelError: Kernel died"
-    assert _autograde_failure("no traceback at all") == "no traceback at all"
+           "[AutogradeApp | ERROR] Please see the the above traceback for details\n")
+    error = ("Traceback (most recent call last):\n  File \"base.py\", line 468, in convert_notebooks\n"
+             "    raise NbGraderException(msg)\n"
+             "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details\n")
+    assert _autograde_failure({"success": False, "log": log, "error": error}) == \
+        "nbclient.exceptions.DeadKernelError: Kernel died"
+    assert _autograde_failure({"success": False, "log": "no traceback at all"}) == "no traceback at all"
 
 
 # ------------------------------------------------------------ damaged but gradable notebooks
