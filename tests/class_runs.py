@@ -59,11 +59,12 @@ def released_class(tmp: Path) -> Path:
     return course
 
 
-def new_course(tmp: Path, released: Path, students=None) -> Path:
-    """A copy of the RELEASED class in a new course folder under ``tmp`` (only ``students``, if given)."""
+def new_course(tmp: Path, source: Path, students=None) -> Path:
+    """A copy of the course folder SOURCE (``released_class``, or one graded already) in a new
+    course folder under ``tmp``, with only the submissions of ``students``, if given."""
     course = tmp / f"course-{len(list(tmp.glob('course-*')))}"
-    shutil.copytree(released, course, symlinks=True, ignore=lambda folder, names: [
-        n for n in names if students is not None and Path(folder) == released / "submitted" and n not in students])
+    shutil.copytree(source, course, symlinks=True, ignore=lambda folder, names: [
+        n for n in names if students is not None and Path(folder) == source / "submitted" and n not in students])
     return course
 
 

@@ -107,9 +107,7 @@ def test_rerun_resumes_and_force_regrades(graded_class):
     assert "1 graded, 0 could not be graded, 8 already graded" in changed.stdout
     assert grades(course)["ben"] == 10.0
     kept = {"ben", "cleo", "eve"}  # resubmitted, tampering, empty
-    few = tmp / "course-forced"
-    shutil.copytree(course, few, symlinks=True, ignore=lambda folder, names: [
-        n for n in names if Path(folder) == course / "submitted" and n not in kept])
+    few = new_course(tmp, course, students=kept)
     forced = cli("grade-class", "--course", str(few), "--workers", "2", "--chapter", CHAPTER, "--force")
     assert "2 graded, 1 could not be graded, 0 already graded" in forced.stdout
     assert {s: grades(few)[s] for s in kept} == {**{s: EXPECTED[s] for s in kept}, "ben": 10.0}
