@@ -68,6 +68,13 @@ class Cgroup:
             return "tasks"
         return None
 
+    def reached_memory_limit(self) -> bool:
+        """Whether the group has held all the memory its limit allows, at least once (its peak;
+        v1's memory.failcnt stays 0 on recent kernels)."""
+        peak = self.peak_memory()
+        return (peak is not None and peak >= self.memory) or \
+            (self.version == 2 and bool(self._events("memory", "memory.events").get("max")))
+
     def peak_memory(self) -> int | None:
         """The most memory the group has held, in bytes (None where the kernel does not say)."""
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"

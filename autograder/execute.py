@@ -5,12 +5,14 @@
   reach them. So code in earlier cells cannot see later tests' inputs, and a test's
   results can only come from that test's own run.
 * A kernel that dies (``os._exit``, a segfault) does not stop grading: the remaining
-  cells are marked as not run, so their tests fail.
+  cells are marked as not run, so their tests fail. So does one that runs a cell past its
+  time limit and does not come back from the interrupt (native code that never checks for
+  signals, SIGINT ignored, a burst held at the memory limit): it is stopped.
 * Output is capped per cell, so endless printing cannot exhaust memory.
 """
 from __future__ import annotations
 
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
@@ -57,6 +59,12 @@ class GuardedExecute(Execute):
         except DeadKernelError:
             self._dead = True
             cell.outputs.append(_error("KernelDied", "the kernel died while running this cell"))
+            return cell
+        except CellTimeoutError:  # nbclient's wait for the interrupted cell to end ran out
+            self._dead = True
+            self.km.stop_unresponsive(self.timeout)
+            cell.outputs.append(_error("CellTimeoutError", "the cell ran past its time limit and did not "
+                                       "stop when interrupted: the kernel was stopped"))
             return cell
         finally:
             if watched:

@@ -17,6 +17,7 @@ from traitlets import Any, Bool, Instance, List, Unicode
 
 from . import cgroups, sandbox
 from .exchange import Exchange
+from .messages import msg
 
 HERE = Path(__file__).resolve().parent
 SANDBOXED = HERE / "sandboxed"  # copied into the kernel: its guard, attn_probe and attn_wire
@@ -158,6 +159,15 @@ class GradingKernelManager(AsyncKernelManager):
                           if line.startswith("VmHWM:")), 0)
         before = getattr(self, "_memory_before", None)
         return None if before is None or not peak else max(peak - before, 0)
+
+    def stop_unresponsive(self, seconds: float) -> None:
+        """Stop a kernel that ran a cell past its limit of SECONDS and ignored the interrupt."""
+        reason = msg("a cell ran past its {seconds} s limit and did not stop when interrupted",
+                     seconds=f"{seconds:g}")
+        if self.watchdog:
+            self.watchdog.halt(reason)
+        else:
+            self._kill_now()
 
     def _kill_now(self):
         try:

@@ -202,6 +202,15 @@ class Watchdog:
         """Which part enforces memory and tasks, for the report."""
         return self.cgroup.enforcement if self.cgroup else "watchdog"
 
+    def halt(self, reason: str) -> None:
+        """Kill the sandbox for a reason found outside (a cell that ignored its interrupt), named
+        for the memory limit instead if the sandbox reached it: a burst held there by the kernel's
+        reclaim does not answer either."""
+        if self._reason is None:
+            held = self.cgroup is not None and self.cgroup.reached_memory_limit()
+            self._reason = _CROSSED["memory"](self.limits) if held else reason
+        self.kill()
+
     def stop(self):
         self._stop.set()
         self._thread.join(timeout=2)

@@ -207,6 +207,10 @@ LIMITS = {
                                     "half.tofile('/tmp/a')\nhalf.tofile('/tmp/b')\ndel half\n"
                                     "rest = np.ones(2**27)\n",  # then 1 GiB of RSS
                                     {"MEMORY": int(1.5 * 2**30)}, "more than 1.5 GiB of memory"),
+    # A cell past its time limit that ignores the interrupt (as native code that never checks for
+    # signals does): the grader stops the kernel instead of losing the whole notebook.
+    "interrupt_ignored": ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)\n",
+                          {}, "did not stop when interrupted"),
 }
 
 
@@ -282,6 +286,30 @@ def test_a_burst_is_stopped_at_the_limit_not_past_it():
         assert peak is not None and peak <= 4 * 2**30, peak
     finally:
         slot.close()
+
+
+def test_a_sandbox_stopped_at_its_memory_limit_is_named_for_it_whatever_stopped_it():
+    """A burst held at the memory limit (the kernel reclaiming, not yet killing) does not answer
+    its interrupt either: when the grader stops it for that, the report names the memory limit."""
+    from autograder import cgroups
+    from autograder.sandbox import Limits, Watchdog
+    group = cgroups.create(64 * 2**20, 64)
+    if group is None:
+        pytest.skip("no writable cgroup hierarchy here")
+    try:
+        assert not group.reached_memory_limit()
+        join = "".join(f"open({f!r}, 'w').write(str(os.getpid()))\n" for f in group.procs_files)
+        hog = subprocess.run([sys.executable, "-c", f"import os\n{join}x = b'x' * (256 * 2**20)\n"], timeout=60)
+        assert hog.returncode != 0  # stopped at 64 MiB
+        assert group.reached_memory_limit()
+        killed = []
+        dog = Watchdog(os.getpid(), None, Limits.from_environment(), kill=lambda: killed.append(True),
+                       cgroup=group, interval=3600)
+        dog.halt("a cell ran past its limit and did not stop when interrupted")
+        dog.stop()
+        assert killed and "of memory" in dog.reason, dog.reason
+    finally:
+        group.remove()
 
 
 # ------------------------------------------------------------------ the exchange folder, raced
