@@ -11,11 +11,16 @@ with Sphinx's ``language`` set, so the theme speaks it too. Every page links to 
 page in the other edition (``coursegen.language_switch``). A translated notebook picks
 its own figure font (``coursekit.conventions.figure_font_setup``); ``make fonts``
 installs one (Noto Sans CJK).
+
+A build that passes records what it read (``inputs_digest``); run again with nothing of that
+changed, it says so and stops, as make would (``--force`` builds anyway).
 """
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import hashlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 import yaml
@@ -44,6 +50,9 @@ BUILD = ROOT / "_build"
 STAGE = BUILD / "src"
 EXEC_CACHE = BUILD / "executed"
 HTML = BUILD / "html"
+BUILT_FROM = BUILD / "book.inputs"  # ``inputs_digest()`` of the last build that passed
+NOT_READ = {".git", ".venv", "_build", ".cache", ".pytest_cache", "__pycache__", ".ipynb_checkpoints",
+            "tests", "benchmarks", ".ci", ".github"}  # folders no build reads (at any depth)
 BOOK_PAGES = ("intro.md", "start_here.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
 BOOK_DATA = ("_toc.yml", "locales/glossary.csv", "docs/images/class-report.png",  # images: the README's
              "docs/images/class-similarity.png")
@@ -106,8 +115,11 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
     record = language != SOURCE_LANGUAGE  # a translation's figure text is checked for English
     if record:
         run.cells.insert(0, nbformat.v4.new_code_cell(RECORD_FIGURE_TEXT))
-    with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd:  # files a chapter writes
-        NotebookClient(run, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}},
+    with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd, \
+            tempfile.TemporaryDirectory(prefix="kernel-") as sockets:  # files a chapter writes; the kernel's
+        # Sockets as files: nothing listens on TCP (nor warns about it in the build's log).
+        kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/kernel")
+        NotebookClient(run, km=kernel, timeout=600, resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
         drawn = json.loads((Path(cwd) / FIGURE_TEXT_FILE).read_text()) if record else []
     print(f"executed {prefix} with the reference in {time.perf_counter() - started:.1f} s")
@@ -311,8 +323,40 @@ def leaks(html_dir: Path) -> list[str]:
     return found
 
 
-def main() -> int:
+def inputs_digest() -> str:
+    """What a build reads, hashed: every file of the project but the tests, the benchmarks and what
+    is built or installed; this Python and the version of every installed package; the launch
+    buttons' repository."""
+    digest = hashlib.sha256()
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = sorted(d for d in subfolders if d not in NOT_READ)
+        for name in sorted(files):
+            path = Path(folder, name)
+            if path.is_file():
+                digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    versions = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    digest.update("\n".join([sys.version, os.environ.get(REPOSITORY_URL, ""), *versions]).encode())
+    return digest.hexdigest()
+
+
+def up_to_date(digest: str) -> bool:
+    """Whether the built book is what a build would make now: built by a build that passed, from
+    what a build would read now."""
+    return BUILT_FROM.is_file() and BUILT_FROM.read_text() == digest and \
+        all((html_of(language) / "index.html").is_file() for language in EDITIONS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coursegen.book", description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="build even if nothing the book reads has changed")
+    force = parser.parse_args(argv).force
     os.chdir(ROOT)
+    digest = inputs_digest()
+    if not force and up_to_date(digest):
+        print(f"the book in {HTML.relative_to(ROOT)} is up to date: nothing it reads has changed since it was built "
+              "(--force builds it again)")
+        return 0
+    BUILT_FROM.unlink(missing_ok=True)
     found = chapters()
     execute_all(found, int(os.environ.get(BOOK_JOBS) or os.cpu_count() or 1))
     for language in EDITIONS:
@@ -333,6 +377,7 @@ def main() -> int:
     if bad:
         print("the built book holds solution or hidden-test text: " + ", ".join(bad), file=sys.stderr)
         return 1
+    BUILT_FROM.write_text(digest)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The built book: no solution leaks, the learner notebook as download, offline math, figures.
 
 The book is built once per test run (``book``) by ``python -m coursegen.book`` (the same command
-as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``).
+as ``make book``; warm builds reuse the executed-notebook cache in ``_build/executed``, and a book
+built from what a build would read now is left as it is).
 The browser checks open the pages in headless Debian Chromium, served from 127.0.0.1,
 and drive it over the DevTools protocol (``websocket-client``); Chromium is installed
 with apt-get when missing (``tests/system_packages.py``). Each page of both editions is
@@ -69,8 +70,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="session")
 def book(tmp_path_factory) -> Path:
-    """The built book, built once per test run (``run_once``: by the first worker that asks; the
-    executed-notebook cache keeps warm builds short). Other modules that read the book import this."""
+    """The built book, brought up to date once per test run (``run_once``: by the first worker that
+    asks): built, or left as the last build that passed left it if nothing that build read has
+    changed (after ``make book``, as the README runs it). Other modules that read the book import this."""
     return once(run_folder(tmp_path_factory), "book", lambda _: build_book())
 
 
@@ -82,11 +84,54 @@ def build_book() -> Path:
                           text=True, timeout=2400, env=env)
     assert proc.returncode == 0, (f"`python -m coursegen.book` failed (exit {proc.returncode}); "
                                   f"warnings are errors.\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
-    print(f"book built in {time.perf_counter() - started:.1f} s")
+    print(f"book brought up to date in {time.perf_counter() - started:.1f} s: {proc.stdout.strip().splitlines()[-1]}")
     for language in EDITIONS:
         for chapter in CHAPTERS:
             assert (edition_root(language) / page_of(chapter)).is_file(), f"{language}: {chapter} not built"
     return HTML
+
+
+def test_a_build_is_skipped_only_when_nothing_it_reads_has_changed(tmp_path, monkeypatch):
+    """``python -m coursegen.book`` stops at once when the last build that passed read what a build
+    would read now; a changed chapter, setting or launch-button repository builds again, and a
+    changed test or built file does not."""
+    from coursegen import book as coursebook
+    project = tmp_path / "project"
+    for folder in ("course", "tests", "_build/html/zh_CN"):
+        (project / folder).mkdir(parents=True)
+    (project / "course" / "01_a.py").write_text("x = 1\n")
+    (project / "_config.yml").write_text("title: A\n")
+    (project / "tests" / "test_a.py").write_text("def test(): pass\n")
+    for index in (project / "_build/html/index.html", project / "_build/html/zh_CN/index.html"):
+        index.write_text("<html></html>")
+    monkeypatch.chdir(tmp_path)  # main() moves into the project; put back afterwards
+    monkeypatch.delenv(coursebook.REPOSITORY_URL, raising=False)
+    for name, value in {"ROOT": project, "BUILD": project / "_build", "HTML": project / "_build/html",
+                        "BUILT_FROM": project / "_build/book.inputs"}.items():
+        monkeypatch.setattr(coursebook, name, value)
+
+    class Built(Exception):
+        pass
+
+    def build():
+        raise Built()
+    monkeypatch.setattr(coursebook, "chapters", build)  # the first step of a build
+    coursebook.BUILT_FROM.write_text(coursebook.inputs_digest())
+    assert coursebook.main([]) == 0
+    (project / "tests" / "test_a.py").write_text("def test(): assert False\n")
+    (project / "_build/html/index.html").write_text("<html>rebuilt</html>")
+    assert coursebook.main([]) == 0
+    with pytest.raises(Built):
+        coursebook.main(["--force"])
+    for change in (lambda: (project / "course" / "01_a.py").write_text("x = 2\n"),
+                   lambda: (project / "_config.yml").write_text("title: B\n"),
+                   lambda: monkeypatch.setenv(coursebook.REPOSITORY_URL, "https://github.com/a/b")):
+        coursebook.BUILT_FROM.write_text(coursebook.inputs_digest())
+        assert coursebook.main([]) == 0
+        change()
+        with pytest.raises(Built):
+            coursebook.main([])
+        assert not coursebook.BUILT_FROM.exists(), "a build under way must not look up to date"
 
 
 @functools.cache
