@@ -197,9 +197,12 @@ LIMITS = {
     "exchange_entries": ("import os\nd = os.environ['ATTN_GRADER_RESULTS']\n"
                          "for i in range(10**6):\n    os.mkdir(os.path.join(d, f'e{i}'))\n",
                          {"EXCHANGE_ENTRIES": 2000}, "files to the grader's exchange folder"),
-    # Bursts that land far past a limit between two polls: the kernel (cgroup) stops them at it.
-    "memory_burst_6_GiB_at_once": ("import torch\nburst = torch.ones(6 * 2**30 // 4)\n", {},
-                                   "more than 4 GiB of memory"),
+    # Bursts that land far past a limit between two polls: the kernel (cgroup) stops them at it. The
+    # limit is 1 GiB so that the burst reaches it well inside the cell's time limit on a busy machine
+    # (filling 4 GiB took over 19 s there once; test_a_burst_is_stopped_at_the_limit_not_past_it
+    # bursts past the default 4 GiB without a cell's limit).
+    "memory_burst_3_GiB_at_once": ("import torch\nburst = torch.ones(3 * 2**30 // 4)\n", {"MEMORY": 2**30},
+                                   "more than 1 GiB of memory"),
     "thread_burst_600": ("import threading, time\nfor _ in range(600):\n"
                          "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
                          {}, "more than 256 processes and threads"),
