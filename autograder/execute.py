@@ -33,6 +33,7 @@ class GuardedExecute(Execute):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._dead = False
+        self._interrupted = False  # the running cell passed its time limit and was interrupted
         self._sizes: dict[int, int] = {}
 
     def preprocess(self, nb, resources=None, km=None):
@@ -54,13 +55,16 @@ class GuardedExecute(Execute):
         watched = session is not None and session.watches(grade_id)
         if watched:
             session.before_test(grade_id)
+        self._interrupted = False
         try:
             return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
         except DeadKernelError:
             self._dead = True
             cell.outputs.append(_error("KernelDied", "the kernel died while running this cell"))
             return cell
-        except CellTimeoutError:  # nbclient's wait for the interrupted cell to end ran out
+        except CellTimeoutError:  # nbclient's wait for the cell's last output ran out
+            if not self._interrupted:  # the cell had ended (its reply came); its output was late
+                return cell
             self._dead = True
             self.km.stop_unresponsive(self.timeout)
             cell.outputs.append(_error("CellTimeoutError", "the cell ran past its time limit and did not "
@@ -72,6 +76,12 @@ class GuardedExecute(Execute):
 
     # nbclient binds its sync wrapper to the base coroutine; bind it to ours.
     execute_cell = run_sync(async_execute_cell)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        """nbclient's step for a cell past its time limit (it interrupts the kernel): noted, so that
+        a cell that then does not end is told from one whose output only came late."""
+        self._interrupted = True
+        return await super()._async_handle_timeout(timeout, cell)
 
     def output(self, outs, msg, display_id, cell_index):
         content = msg.get("content", {})

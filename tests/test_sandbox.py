@@ -291,6 +291,21 @@ def test_a_burst_is_stopped_at_the_limit_not_past_it():
         slot.close()
 
 
+def test_a_cell_whose_output_comes_late_keeps_its_kernel(tmp_path):
+    """nbclient raises the same error when an interrupted cell does not end as when an ended cell's
+    last output is later than it waits (a busy machine): only the first stops the kernel. Here every
+    output is late (nbclient waits 0 s), and a correct notebook keeps full marks."""
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(submission({}, chapter=CHAPTER), path)
+    code = ("import sys\nfrom pathlib import Path\nfrom autograder import execute\n"
+            "execute.GuardedExecute.class_traits()['iopub_timeout'].default_value = 0\n"
+            "from autograder.grading import grade\n"
+            "r = grade(Path(sys.argv[1])).as_json()\nprint(r.get('score'), r.get('max_score'), r.get('error'))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.split()[-3:] == ["10.0", "10.0", "None"], proc.stdout + proc.stderr[-2000:]
+
+
 def test_a_sandbox_stopped_at_its_memory_limit_is_named_for_it_whatever_stopped_it():
     """A burst held at the memory limit (the kernel reclaiming, not yet killing) does not answer
     its interrupt either: when the grader stops it for that, the report names the memory limit."""
