@@ -1310,8 +1310,8 @@ with torch.no_grad():
 print("batch   GRU (us/position)   linear layer (us/position)   ratio")
 for B, g, l in zip(batch_sizes, gru_us, linear_us):
     print(f"{B:5d}   {g:17.3f}   {l:26.3f}   {g / l:5.1f}")
-glue("gru_ratio_1", gru_us[0] / linear_us[0], display=False)
-glue("gru_ratio_64", gru_us[-1] / linear_us[-1], display=False)
+glue("gru_time_ratio_1", gru_us[0] / linear_us[0], display=False)
+glue("gru_time_ratio_64", gru_us[-1] / linear_us[-1], display=False)
 
 # %% [tags=hide-input]
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -1327,11 +1327,11 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# For a single sequence the GRU was {glue:text}`gru_ratio_1:.0f` times slower than the
+# For a single sequence the GRU was {glue:text}`gru_time_ratio_1:.0f` times slower than the
 # linear layer when this book was built, although both do the same arithmetic: 512
 # small dependent steps leave most of the processor idle. A larger batch gives each step
 # more independent work and the gap narrows (to a factor of
-# {glue:text}`gru_ratio_64:.1f` at a batch of 64), but
+# {glue:text}`gru_time_ratio_64:.1f` at a batch of 64), but
 # the batch is the recurrence's only source of parallelism. (Exact numbers depend on
 # your machine; on a GPU, with thousands of cores waiting, the effect is far stronger.)
 # A layer whose positions do not wait for each other can use all of them at once.
