@@ -192,6 +192,7 @@ class HiddenTests:
         self.memory_rules: dict[str, tuple[int, str]] = {}
         # Reading a reference class's source parses its whole file (inspect): once per process.
         self._sources: dict[tuple, str] = {}
+        self._built: dict[str, list[Probe]] = {}
 
     def test(self, test_id, max_memory: tuple[int, str] | None = None):
         """Register a test's builder.
@@ -232,9 +233,18 @@ class HiddenTests:
         return "\n\n".join([ref.EXPORTS_SOURCE, *(inspect.getsource(getattr(ref, n)) for n in by_line)])
 
     def build(self, test_id) -> list[Probe]:
+        """The test's probes, built anew (``probes`` keeps one build)."""
         builder = Builder(self, test_id)
         self.builders[test_id](builder)
         return builder.probes
+
+    def probes(self, test_id) -> list[Probe]:
+        """The test's probes, built once per process: a build is seeded, so every build is the same,
+        and the reference's results each probe keeps (``judge.reference``) serve every grading after
+        the first. Nothing of a submission is kept on a probe: the judge only reads them."""
+        if test_id not in self._built:
+            self._built[test_id] = self.build(test_id)
+        return self._built[test_id]
 
     def dependency_source(self, names) -> str:
         """Source that defines dependency exercises as the reference does, for substitution."""

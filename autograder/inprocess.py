@@ -115,7 +115,7 @@ class _Session:
         self.chapter, self.kernel = chapter, _OwnMemory()
         self.hidden = chapter.hidden()
         self.test_order = list(chapter.tests)
-        self.probes = {t: self.hidden.build(t) for t in self.test_order}
+        self.probes = {t: self.hidden.probes(t) for t in self.test_order}
         self.prepared = False
         self.sent: dict = {}  # (test id, dependencies substituted) -> its sent_calls, made beforehand
         self.completed: set[str] = set()

@@ -21,7 +21,7 @@ class GradingSession:
         private.mkdir(parents=True, exist_ok=True)
         self.hidden = chapter.hidden()
         self.test_order = list(chapter.tests)
-        self.probes = {t: self.hidden.build(t) for t in self.test_order}
+        self.probes = {t: self.hidden.probes(t) for t in self.test_order}
         self.completed: set[str] = set()
         self.memory_rise: dict[str, int | None] = {}  # test id -> bytes, for tests with a memory rule
 

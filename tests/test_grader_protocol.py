@@ -180,3 +180,66 @@ def test_a_call_is_limited_in_processor_time_and_a_waiting_call_on_the_clock(toy
     got = inprocess.run_probe(call, namespace, toy)
     assert got["status"] == status, got
     assert time.monotonic() - started < 0.3 * probe.WAITING_FACTOR + 2
+
+
+def _same(a, b) -> bool:
+    """Equal values, tensors equal to the bit (nested in tuples, lists, dicts, objects; modules by their state)."""
+    import torch
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype \
+            and a.shape == b.shape and bool(torch.equal(a.detach(), b.detach()))
+    if isinstance(a, torch.nn.Module) or isinstance(b, torch.nn.Module):
+        return type(a) is type(b) and _same(a.state_dict(), b.state_dict())
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if hasattr(a, "__dict__") and type(a) is type(b) and not callable(a):
+        return _same(vars(a), vars(b))
+    return a == b
+
+
+def _kept_probes_after_gradings(paths) -> list[str]:
+    """In this (forked) process: grade PATHS one after another, then compare every kept probe of
+    their chapter with a fresh build; what differs."""
+    from autograder.chapters import ChapterInfo
+    from autograder.judge.reference import expected_grads, mistake_result, reference_call
+    from autograder.submission import load
+    for path in paths:
+        inprocess.grade_notebook(path)
+    hidden = ChapterInfo(load(paths[0])[1].name).hidden()
+    differ = []
+    for test_id, kept in hidden._built.items():
+        for i, (old, new) in enumerate(zip(kept, hidden.build(test_id))):
+            for field in ("args", "kwargs", "init", "state", "cotangents"):
+                if not _same(getattr(old, field), getattr(new, field)):
+                    differ.append(f"{test_id}[{i}].{field}")
+            again = {"reference": reference_call, "grads": expected_grads}
+            for key, (value, err) in (old.computed or {}).items():
+                try:
+                    fresh = mistake_result(new, key[1]) if isinstance(key, tuple) else again[key](new)
+                except Exception as fresh_err:  # noqa: BLE001 - kept errors must be raised again
+                    if err is None or type(err) is not type(fresh_err):
+                        differ.append(f"{test_id}[{i}].computed[{key!r}]")
+                    continue
+                if err is not None or not _same(value, fresh):
+                    differ.append(f"{test_id}[{i}].computed[{key!r}]")
+    return differ if hidden._built else ["no probe was kept"]
+
+
+def test_the_probes_a_process_keeps_stay_as_built_after_gradings(tmp_path):
+    """``HiddenTests.probes`` builds a test's probes once per process and every later grading there
+    reuses them (and the reference's results kept on them): after a correct notebook and mistakes
+    are judged, each kept probe's inputs and each result it keeps equal a fresh build's."""
+    import nbformat
+    import test_grading_ch05 as catalog
+    cases = ["correct:reference", *(f"mistake:{k}" for k in list(catalog.CATALOG.mistakes)[:6])]
+    notebooks = catalog.CATALOG.notebooks()
+    paths = []
+    for case in cases:
+        path = tmp_path / case.replace(":", "_") / f"{catalog.CHAPTER}.ipynb"
+        path.parent.mkdir()
+        nbformat.write(notebooks[case], path)
+        paths.append(path)
+    differ = inprocess._in_a_child(_kept_probes_after_gradings, paths)
+    assert differ == [], f"kept probes that gradings changed: {differ}"
