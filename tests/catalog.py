@@ -3,7 +3,7 @@
 A chapter's test file only declares its cases and takes the tests from here::
 
     CATALOG = Catalog(CHAPTER, correct={...}, mistakes={name: (notebook, {test_id: words})},
-                      independent={...}, tampering={name: notebook})
+                      independent={...}, tampering={**common_tampering(CHAPTER), name: notebook})
     from catalog import *  # noqa: F401,F403 - the catalog's tests, run on CATALOG
 
 Two tiers (tests/conftest.py):
@@ -16,11 +16,16 @@ Two tiers (tests/conftest.py):
   through the real pipeline (``graded``: nbgrader autograde in the sandboxed kernel), marked
   ``pipeline``. The sample must give the very same result both ways.
 
+Every catalog also judges the chapter's untouched learner notebook (``Catalog.untouched``): every
+test lost, each named as not implemented yet. A tampering case is that notebook plus cells
+(``tampered``); the tricks every chapter could be tried with are shared (``common_tampering``).
+
 Points per test come from the chapter's instructor notebook.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 
 import pytest
@@ -45,8 +50,15 @@ class Catalog:
 
     @property
     def every_mistake(self) -> dict:
-        """The mistakes and the independence cases: name -> (notebook, {test_id: words})."""
-        return {**self.mistakes, **self.independent}
+        """The mistakes, the independence cases and the untouched notebook: name -> (notebook, {test_id: words})."""
+        return {**self.mistakes, **self.independent, **self.untouched}
+
+    @functools.cached_property
+    def untouched(self) -> dict:
+        """The learner notebook as released: every test lost, each named as not implemented yet."""
+        from conftest import submission
+        return {"untouched_notebook": (submission(base="stub", chapter=self.chapter),
+                                       {test_id: "not implemented yet" for test_id in ChapterInfo(self.chapter).tests})}
 
     def __post_init__(self):
         for name, (_, expected) in self.every_mistake.items():
@@ -146,31 +158,65 @@ def replaced(text: str, old: str, new: str) -> str:
 
 
 def tampered(chapter: str, tricks=(), after_stubs=()):
-    """The untouched learner notebook plus cells that try to gain points without solving anything."""
-    from conftest import submission
-    return submission(base="stub", chapter=chapter, prepend=tricks, append=after_stubs)
+    """The untouched learner notebook plus cells that try to gain points without solving anything:
+    ``tricks`` right after the imports, ``after_stubs`` right after every answer cell. A hidden
+    test runs right below its exercise, so a cell that would replace a stub must come before that
+    test, as a learner's cell below the stub does; at the end of the notebook it would prove nothing."""
+    import nbformat
+
+    from conftest import reference_answers, submission
+    from coursekit.conventions import grade_id
+    nb = submission(base="stub", chapter=chapter, prepend=tricks)
+    answers = set(reference_answers(chapter))
+    cells = []
+    for cell in nb.cells:
+        cells.append(cell)
+        if grade_id(cell) in answers:
+            cells.extend(nbformat.v4.new_code_cell(source) for source in after_stubs)
+    nb.cells = cells
+    return nb
 
 
-def common_tampering(chapter: str) -> dict[str, list[str]]:
-    """Tricks every chapter's catalog tries (cells put before the stubs): each must gain nothing."""
+# Tricks that any chapter's notebook could try, as (cells after the imports, cells after the stubs).
+# What defeats them is shared by every chapter: the judge outside the kernel, the exchange format,
+# the sandbox's filesystem. A trick that would replace the stubs (by the reference's definitions)
+# goes after them: before them, the stubs would undo it and it would prove nothing.
+def _common_tricks(chapter: str) -> dict[str, tuple[list[str], list[str]]]:
     from conftest import ROOT
-    reference = ROOT / "solutions" / f"ch{chapter}.py"
+    module = f"solutions.ch{chapter}"
     return {
-        "stub": [],
-        "patch_allclose": ["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                           "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                           "torch.testing.assert_close = lambda *a, **k: None"],
-        "fake_probe_module": ["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
-                              "def run(test_id, ns):\n"
-                              "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
-                              "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': "
-                              "[{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
-                              "fake.run = run\nsys.modules['attn_probe'] = fake"],
-        "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                             f"from solutions.ch{chapter} import *"],
-        "exec_reference_file": [f"exec(open({str(reference)!r}).read())"],
-        "sys_exit": ["import sys\nsys.exit(0)"],
+        "patch_allclose": (["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
+                            "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
+                            "torch.testing.assert_close = lambda *a, **k: None"], []),
+        "fake_probe_module": (["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
+                               "def run(test_id, ns):\n"
+                               "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
+                               "    open(os.path.join(d, test_id + '.json'), 'w').write(json.dumps({'probes': "
+                               "[{'status': 'ok', 'output': {'kind': 'python', 'type': 'bool'}}]}))\n"
+                               "fake.run = run\nsys.modules['attn_probe'] = fake"], []),
+        "import_reference": ([], [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom {module} import *"]),
+        "exec_reference_file": ([], [f"exec(open({str(ROOT / 'solutions' / f'ch{chapter}.py')!r}).read())"]),
+        "sys_exit": (["import sys\nsys.exit(0)"], []),
     }
+
+
+# Chapter 2, the chapter the sandbox's own attacks are written for, tries every common trick through
+# the real pipeline; each other chapter tries one, in turn, so that each trick meets at least two
+# chapters. Eight chapters each trying all of them graded the same defences 35 more times (about
+# 180 processor seconds of sandboxed kernels); every chapter's untouched notebook is judged in
+# process instead (``Catalog.untouched``), and every tampering case below is built on it.
+TRICKS_EVERYWHERE = "02_self_attention"
+
+
+def common_tampering(chapter: str) -> dict:
+    """The common tricks CHAPTER tries (``_common_tricks``), as notebooks: each must gain nothing."""
+    from coursekit.conventions import chapter_names
+    tricks = _common_tricks(chapter)
+    if chapter != TRICKS_EVERYWHERE:
+        others = [c for c in chapter_names() if c != TRICKS_EVERYWHERE]
+        name = list(tricks)[others.index(chapter) % len(tricks)]
+        tricks = {name: tricks[name]}
+    return {name: tampered(chapter, before, after) for name, (before, after) in tricks.items()}
 
 
 def feedback_by_test(result: dict) -> dict[str, str]:

@@ -11,7 +11,7 @@ import textwrap
 
 
 from catalog import Catalog, tampered, common_tampering
-from conftest import ROOT, submission
+from conftest import submission
 
 CHAPTER = "01_bahdanau_attention"
 MS_TESTS = ["test_masked_softmax_no_mask", "test_masked_softmax_mask", "test_masked_softmax_gradients"]
@@ -291,11 +291,8 @@ INDEPENDENT = {
 }
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-TAMPERING = {
-    **common_tampering(CHAPTER),
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                         "from solutions.ch01_bahdanau_attention import *"],
-    "exec_reference_file": [f"exec(open({str(ROOT / 'solutions' / 'ch01_bahdanau_attention.py')!r}).read())"],
+# After every stub (tests/catalog.py: tampered): an answer whose output claims to equal anything.
+TAMPERING_AFTER_STUBS = {
     "module_returning_liar": ["class Liar(torch.Tensor):\n"
                               "    def __eq__(self, other): return True\n"
                               "def masked_softmax(scores, mask=None):\n"
@@ -304,6 +301,7 @@ TAMPERING = {
 
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={k: tampered(CHAPTER, v) for k, v in TAMPERING.items()})
+                  tampering={**common_tampering(CHAPTER),
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

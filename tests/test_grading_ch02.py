@@ -256,29 +256,29 @@ INDEPENDENT = {
 }
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-PRIVATE = ROOT
 TAMPERING = {
-    **common_tampering(CHAPTER),
     "silence_tracebacks": ["ip = get_ipython()\nip.showtraceback = lambda *a, **k: None\n"
                            "ip.set_custom_exc((BaseException,), lambda *a, **k: None)"],
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(PRIVATE)!r})\n"
-                         "from solutions.ch02_self_attention import *"],
-    "exec_reference_file": [f"exec(open({str(PRIVATE / 'solutions' / 'ch02_self_attention.py')!r}).read())"],
     "read_gradebook": ["import sqlite3, glob, os\n"
                        "for db in glob.glob('/tmp/attn-grader/*/course/gradebook.db') + glob.glob('../../../gradebook.db'):\n"
                        "    print(sqlite3.connect(db).execute('select source from source_cell').fetchall())"],
-    "tensor_subclass": ["class Liar(torch.Tensor):\n"
-                        "    def __eq__(self, other): return True\n"
-                        "def scaled_dot_product_attention(query, key, value, mask=None):\n"
-                        "    z = torch.zeros(*query.shape[:-1], value.shape[-1]).as_subclass(Liar)\n"
-                        "    return z, torch.zeros(*query.shape[:-1], key.shape[-2]).as_subclass(Liar)"],
     "kill_grader": ["import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept Exception as e:\n    print(e)"],
     "overwrite_grader": [f"open({str(ROOT / 'autograder' / 'hidden.py')!r}, 'a').write('# pwned')"],
     "exit_kernel": ["import os\nos._exit(0)"],
 }
 
+# After every stub (tests/catalog.py: tampered): an answer whose output claims to equal anything.
+TAMPERING_AFTER_STUBS = {
+    "tensor_subclass": ["class Liar(torch.Tensor):\n"
+                        "    def __eq__(self, other): return True\n"
+                        "def scaled_dot_product_attention(query, key, value, mask=None):\n"
+                        "    z = torch.zeros(*query.shape[:-1], value.shape[-1]).as_subclass(Liar)\n"
+                        "    return z, torch.zeros(*query.shape[:-1], key.shape[-2]).as_subclass(Liar)"],
+}
+
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={k: tampered("02_self_attention", v) for k, v in TAMPERING.items()})
+                  tampering={**common_tampering(CHAPTER), **{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

@@ -265,14 +265,10 @@ INDEPENDENT = {
 }
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-TAMPERING = {
-    **common_tampering(CHAPTER),
-}
 
 
-
-# After the stubs: a class that hands the work to PyTorch's own layer, under the given names.
-TAMPERING_APPENDED = {
+# After every stub (tests/catalog.py: tampered): a class that hands the work to PyTorch's own layer, under the given names.
+TAMPERING_AFTER_STUBS = {
     "builtin_after_stubs": ["class MultiHeadAttention(nn.Module):\n"
                             "    def __init__(self, d_model, num_heads):\n"
                             "        super().__init__()\n"
@@ -289,7 +285,7 @@ TAMPERING_APPENDED = {
 
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={**{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
-                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_APPENDED.items()}})
+                  tampering={**common_tampering(CHAPTER),
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

@@ -264,12 +264,11 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 TAMPERING = {
-    **common_tampering(CHAPTER),
     "read_hidden_tests": [f"print(open({str(ROOT / 'solutions' / f'ch{CHAPTER}_hidden.py')!r}).read()[:500])"],
 }
 
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={k: tampered(CHAPTER, v) for k, v in TAMPERING.items()})
+                  tampering={**common_tampering(CHAPTER), **{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

@@ -584,12 +584,8 @@ ALONE_ANSWERS = {
 INDEPENDENT.update({f"alone:{case}": alone(case) for case in ALONE_ANSWERS})
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-TAMPERING = {
-    **common_tampering(CHAPTER),
-}
-
-# After the stubs: layers that hand the work to PyTorch's own, under the given names.
-TAMPERING_APPENDED = {
+# After every stub (tests/catalog.py: tampered): layers that hand the work to PyTorch's own, under the given names.
+TAMPERING_AFTER_STUBS = {
     "builtin_after_stubs": ["class EncoderLayer(nn.TransformerEncoderLayer):\n"
                             "    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False):\n"
                             "        super().__init__(d_model, num_heads, d_ff, dropout, batch_first=True, norm_first=norm_first)\n"
@@ -600,7 +596,7 @@ TAMPERING_APPENDED = {
 }
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={**{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
-                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_APPENDED.items()}})
+                  tampering={**common_tampering(CHAPTER),
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

@@ -488,18 +488,14 @@ INDEPENDENT.update({
 })
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-TAMPERING = {
-    **common_tampering(CHAPTER),
-}
-
-# After the stubs: built-ins under the exercise names.
-TAMPERING_APPENDED = {
+# After every stub (tests/catalog.py: tampered): built-ins under the exercise names.
+TAMPERING_AFTER_STUBS = {
     "builtins_after_stubs": ["def flash_attention(query, key, value, block_size=64, causal=False):\n"
                              "    return F.scaled_dot_product_attention(query, key, value, is_causal=causal)\n"],
 }
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={**{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
-                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_APPENDED.items()}})
+                  tampering={**common_tampering(CHAPTER),
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

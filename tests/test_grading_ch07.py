@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, tampered, common_tampering
-from conftest import ROOT, submission
+from catalog import Catalog, common_tampering
+from conftest import submission
 
 CHAPTER = "07_gpt"
 POINTS = {
@@ -580,12 +580,7 @@ INDEPENDENT = {
 }
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
-TAMPERING = {
-    **common_tampering(CHAPTER),
-    "import_reference": [f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom solutions.ch{CHAPTER} import *"],
-}
-
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={k: tampered(CHAPTER, v) for k, v in TAMPERING.items()})
+                  tampering=common_tampering(CHAPTER))
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, common_tampering, tampered, with_methods
+from catalog import Catalog, common_tampering, with_methods
 from conftest import submission
 
 CHAPTER = "08_modern_attention"
@@ -531,6 +531,6 @@ INDEPENDENT = {
 
 # ------------------------------------------------------------------ tampering (stubs + tricks: 0 points)
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
-                  tampering={k: tampered(CHAPTER, v) for k, v in common_tampering(CHAPTER).items()})
+                  tampering=common_tampering(CHAPTER))
 
 from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG
