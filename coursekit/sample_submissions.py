@@ -37,6 +37,12 @@ def _answers(path: Path, version: int) -> dict[str, str]:
     return {c.name: C.strip_solution_markers(c.source) for c in parse_chapter(path).of_kind("exercise")}
 
 
+def insert_after_imports(nb: nbformat.NotebookNode, sources) -> None:
+    """Code cells (student cells) put right after the notebook's export (imports) cell, in order."""
+    first_export = next(i for i, c in enumerate(nb.cells) if C.role(c) == "export")
+    nb.cells[first_export + 1:first_export + 1] = [nbformat.v4.new_code_cell(source) for source in sources]
+
+
 def submission(answers: dict[str, str] | None = None, *, base="reference", prepend=(), append=(),
                chapter="02_self_attention", language=C.SOURCE_LANGUAGE) -> nbformat.NotebookNode:
     """A learner notebook with answer cells replaced.
@@ -51,9 +57,7 @@ def submission(answers: dict[str, str] | None = None, *, base="reference", prepe
     for cell in nb.cells:
         if C.grade_id(cell) in filled:
             cell.source = filled[C.grade_id(cell)]
-    first_export = next(i for i, c in enumerate(nb.cells) if C.role(c) == "export")
-    for offset, source in enumerate(prepend):
-        nb.cells.insert(first_export + 1 + offset, nbformat.v4.new_code_cell(source))
+    insert_after_imports(nb, prepend)
     for source in append:
         nb.cells.append(nbformat.v4.new_code_cell(source))
     return nb

@@ -54,6 +54,20 @@ class Catalog:
         return {**self.mistakes, **self.independent, **self.untouched}
 
     @functools.cached_property
+    def disguised(self) -> dict:
+        """The first mistake judged in process with comparisons patched in the kernel before it
+        (``PATCHED_COMPARISONS``): name -> (notebook, the mistake's name). The judge compares
+        outside the kernel, so it loses exactly what the mistake loses; on the untouched notebook
+        the patch could not show anything (a stub raises before anything is compared)."""
+        import copy
+
+        from coursekit.sample_submissions import insert_after_imports
+        base = self.judged_mistakes()[0]
+        notebook = copy.deepcopy(self.every_mistake[base][0])
+        insert_after_imports(notebook, [PATCHED_COMPARISONS])
+        return {"patched_comparisons": (notebook, base)}
+
+    @functools.cached_property
     def untouched(self) -> dict:
         """The learner notebook as released: every test lost, each named as not implemented yet."""
         from conftest import submission
@@ -81,7 +95,8 @@ class Catalog:
     def notebooks(self) -> dict:
         return {**{f"correct:{k}": v for k, v in self.correct.items()},
                 **{f"mistake:{k}": v[0] for k, v in self.every_mistake.items()},
-                **{f"tamper:{k}": v for k, v in self.tampering.items()}}
+                **{f"tamper:{k}": v for k, v in self.tampering.items()},
+                **{f"disguised:{k}": v[0] for k, v in self.disguised.items()}}
 
     def judged_mistakes(self) -> list[str]:
         """Mistakes judged in process: all but the kernel-only ones."""
@@ -90,7 +105,7 @@ class Catalog:
 
     def names(self, kind: str) -> list[str]:
         return {"correct": list(self.correct), "mistake": self.judged_mistakes(), "kernel": self.kernel_only(),
-                "tamper": list(self.tampering), "sample": self.sample()}[kind]
+                "tamper": list(self.tampering), "sample": self.sample(), "disguised": list(self.disguised)}[kind]
 
     def sample(self) -> list[str]:
         """Cases of the in-process tier also sent through the real pipeline: the first correct style,
@@ -177,6 +192,12 @@ def tampered(chapter: str, tricks=(), after_stubs=()):
     return nb
 
 
+# Comparisons that say "equal" to anything, for whatever in the kernel would compare (``Catalog.disguised``).
+PATCHED_COMPARISONS = ("import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
+                       "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
+                       "torch.testing.assert_close = lambda *a, **k: None")
+
+
 # Tricks that any chapter's notebook could try, as (cells after the imports, cells after the stubs).
 # What defeats them is shared by every chapter: the judge outside the kernel, the exchange format,
 # the sandbox's filesystem. A trick that would replace the stubs (by the reference's definitions)
@@ -185,9 +206,6 @@ def _common_tricks(chapter: str) -> dict[str, tuple[list[str], list[str]]]:
     from conftest import ROOT
     module = f"solutions.ch{chapter}"
     return {
-        "patch_allclose": (["import torch, numpy\ntorch.allclose = lambda *a, **k: True\n"
-                            "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\n"
-                            "torch.testing.assert_close = lambda *a, **k: None"], []),
         "fake_probe_module": (["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
                                "def run(test_id, ns):\n"
                                "    d = os.environ.get('ATTN_GRADER_RESULTS', '.')\n"
@@ -203,8 +221,9 @@ def _common_tricks(chapter: str) -> dict[str, tuple[list[str], list[str]]]:
 # Chapter 2, the chapter the sandbox's own attacks are written for, tries every common trick through
 # the real pipeline; each other chapter tries one, in turn, so that each trick meets at least two
 # chapters. Eight chapters each trying all of them graded the same defences 35 more times (about
-# 180 processor seconds of sandboxed kernels); every chapter's untouched notebook is judged in
-# process instead (``Catalog.untouched``), and every tampering case below is built on it.
+# 180 processor seconds of sandboxed kernels). Every chapter's untouched notebook, which each
+# tampering case is built on, is judged in process (``Catalog.untouched``), and every chapter's
+# tests meet patched comparisons under a real mistake (``Catalog.disguised``).
 TRICKS_EVERYWHERE = "02_self_attention"
 
 
@@ -243,7 +262,7 @@ def judged(request, judge_catalog):
     catalog = request.module.CATALOG
     kernel = {f"mistake:{k}" for k in catalog.kernel_only()}
     return judge_catalog({k: v for k, v in catalog.notebooks().items()
-                          if not k.startswith("tamper:") and k not in kernel})
+                          if not k.startswith(("tamper:", "disguised:")) and k not in kernel})
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +275,7 @@ def graded(request, grade_catalog):
     # The kernel-only mistakes first: each of their looping cells waits out its time limit, while
     # the other worker grades the rest.
     order = [*(f"mistake:{k}" for k in catalog.kernel_only()), *catalog.sample(),
-             *(k for k in notebooks if k.startswith("tamper:"))]
+             *(k for k in notebooks if k.startswith(("tamper:", "disguised:")))]
     results = grade_catalog({k: notebooks[k] for k in order})
     return results, before
 
@@ -301,6 +320,12 @@ def test_tampering_gains_nothing(graded, tamper_case):
     assert result["score"] == 0.0, result
 
 
+def test_patched_comparisons_hide_no_mistake(request, graded, test_points, disguised_case):
+    """A mistake graded in a kernel whose comparisons say "equal" to anything loses what it loses alone."""
+    _, base = request.module.CATALOG.disguised[disguised_case]
+    check_mistake(request.module.CATALOG.expected_losses(base), graded[0][f"disguised:{disguised_case}"], test_points)
+
+
 def test_the_real_pipeline_gives_the_in_process_result(graded, judged, sample_case):
     """Same scores, same feedback lines: the in-process tier judges what the kernel would return."""
     assert graded[0][sample_case] == judged[sample_case]
@@ -315,4 +340,5 @@ def test_grading_changes_no_file_of_the_project(graded):
 __all__ = ["graded", "judged", "test_points", "test_correct_styles_get_full_marks",
            "test_mistakes_lose_exactly_their_points_with_a_named_reason",
            "test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing",
+           "test_patched_comparisons_hide_no_mistake",
            "test_the_real_pipeline_gives_the_in_process_result", "test_grading_changes_no_file_of_the_project"]

@@ -167,7 +167,7 @@ def judge_catalog(tmp_path_factory):
 def pytest_generate_tests(metafunc):
     """A chapter's catalog (tests/catalog.py) is parametrized by the cases its module declares."""
     catalog = getattr(metafunc.module, "CATALOG", None)
-    for kind in ("correct", "mistake", "kernel", "tamper", "sample"):
+    for kind in ("correct", "mistake", "kernel", "tamper", "sample", "disguised"):
         if f"{kind}_case" in metafunc.fixturenames:
             metafunc.parametrize(f"{kind}_case", catalog.names(kind) if catalog else [])
 
