@@ -118,7 +118,9 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
     with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd, \
             tempfile.TemporaryDirectory(prefix="kernel-") as sockets:  # files a chapter writes; the kernel's
         # Sockets as files: nothing listens on TCP (nor warns about it in the build's log).
-        kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/kernel")
+        # Its connection file there too: jupyter_client would leave one in /tmp for each chapter run.
+        kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/kernel",
+                                    connection_file=f"{sockets}/connection.json")
         NotebookClient(run, km=kernel, timeout=600, resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
         drawn = json.loads((Path(cwd) / FIGURE_TEXT_FILE).read_text()) if record else []

@@ -24,6 +24,7 @@ Points per test come from the chapter's instructor notebook.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -59,8 +60,6 @@ class Catalog:
         (``PATCHED_COMPARISONS``): name -> (notebook, the mistake's name). The judge compares
         outside the kernel, so it loses exactly what the mistake loses; on the untouched notebook
         the patch could not show anything (a stub raises before anything is compared)."""
-        import copy
-
         from coursekit.sample_submissions import insert_after_imports
         base = self.judged_mistakes()[0]
         notebook = copy.deepcopy(self.every_mistake[base][0])

@@ -293,7 +293,8 @@ class DevTools:
         self.proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
              "--remote-debugging-port=0", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": str(profile)})  # its singleton socket's folder, else left in /tmp
         port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().strip()):
             assert self.proc.poll() is None, f"chromium exited with {self.proc.returncode}"
