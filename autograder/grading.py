@@ -42,7 +42,11 @@ class KernelSlot:
         self.kernel = GradingKernelManager(exchange=Exchange(self.work / "exchange"), scratch=self.work / "scratch",
                                            sandboxed=sandboxed, limits=limits or sandbox.Limits.from_environment(),
                                            private=[str(p) for p in private])
-        run_sync(self.kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
+        try:
+            run_sync(self.kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
+        except BaseException:  # a kernel that failed to start, or a boot interrupted (Ctrl-C)
+            self.close()
+            raise
 
     def close(self):
         try:
@@ -66,7 +70,11 @@ class KernelRelay:
         load(path, chapter)
         current, self.spare = self.spare or KernelSlot(self.sandboxed, self.private), None
         if boot_next:
-            self.spare = KernelSlot(self.sandboxed, self.private)
+            try:
+                self.spare = KernelSlot(self.sandboxed, self.private)
+            except BaseException:  # nobody would close CURRENT
+                current.close()
+                raise
         return current
 
     def close(self):

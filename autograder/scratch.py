@@ -2,7 +2,8 @@
 
 A grading removes its folder when it ends. A process killed outright cannot: a class run's
 worker killed for overrunning (or on Ctrl-C) has its folders removed by the run that killed
-it (``remove_of_process``), and folders whose process is gone for some other reason (kill -9,
+it (``remove_of_process``), one that kills itself has a process of its own delete them once it has
+ended (``remove_after_exit``), and folders whose process is gone for some other reason (kill -9,
 a crash) are swept by the next grading process on the machine (``sweep_abandoned``).
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,6 +55,21 @@ def remove_of_process(pid: int) -> None:
         remove(work)
 
 
+def remove_after_exit(pid: int) -> None:
+    """Have a process of its own delete PID's scratch folders once PID has ended: for a process
+    about to be killed outright with its session, which cannot delete them itself."""
+    subprocess.Popen([sys.executable, "-c", "import sys; from autograder import scratch; "
+                      "scratch.remove_once_ended(int(sys.argv[1]))", str(pid)],
+                     cwd=Path(__file__).resolve().parent.parent, start_new_session=True,  # the kill spares it
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def remove_once_ended(pid: int, poll: float = 0.2) -> None:
+    while owner_alive(pid):
+        time.sleep(poll)
+    remove_of_process(pid)
+
+
 def sweep_abandoned() -> list[Path]:
     """Delete this user's scratch folders whose process is gone and that have not changed for
     ``ABANDONED_AFTER`` seconds; returns them."""
@@ -78,10 +96,19 @@ def owner_running(work: Path) -> bool:
     match = _OWNER.match(work.name)
     if not match:
         return True
+    return owner_alive(int(match[1]))
+
+
+def owner_alive(pid: int) -> bool:
+    """Whether process PID runs (a zombie, dead but not yet reaped, does not; one not ours does)."""
     try:
-        os.kill(int(match[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")

@@ -20,8 +20,10 @@ import json
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -290,16 +292,24 @@ class DevTools:
     def __init__(self, binary: str, profile: Path):
         import websocket  # websocket-client
         profile.mkdir()
+        # Chromium's singleton socket goes in $TMPDIR and stays there; a folder of its own, removed on
+        # close, with a short path (a socket's path has at most 107 bytes: the profile's can be longer)
+        self.tmp = tempfile.mkdtemp(prefix="chromium-")
         self.proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
              "--remote-debugging-port=0", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "TMPDIR": str(profile)})  # its singleton socket's folder, else left in /tmp
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": self.tmp})
         port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
-        while not (port_file.is_file() and port_file.read_text().strip()):
-            assert self.proc.poll() is None, f"chromium exited with {self.proc.returncode}"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
-            time.sleep(0.1)
+        try:
+            while not (port_file.is_file() and port_file.read_text().strip()):
+                assert self.proc.poll() is None, f"chromium exited with {self.proc.returncode}"
+                assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
+                time.sleep(0.1)
+        except AssertionError:
+            self.proc.kill()
+            self.proc.wait()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         port = int(port_file.read_text().split()[0])
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         targets = json.loads(opener.open(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
@@ -359,6 +369,7 @@ class DevTools:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

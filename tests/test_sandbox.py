@@ -463,6 +463,53 @@ def test_abandoned_scratch_folders_are_swept_following_nothing(tmp_path, monkeyp
     assert canary.read_text() == CANARY and sorted(p.name for p in canary.parent.iterdir()) == ["canary.json"]
 
 
+def test_a_process_killed_with_its_session_has_its_folders_removed_after_it(tmp_path):
+    """A worker past its grace kills its whole session (kill -9, nothing of it runs on): the
+    process it started just before (``remove_after_exit``) removes its folders once it has ended."""
+    code = textwrap.dedent("""
+        import os, signal, time
+        from autograder import scratch
+        os.setsid()
+        for _ in range(2):
+            (scratch.new_folder() / "exchange" / "results").mkdir(parents=True)
+        print(os.getpid(), flush=True)
+        scratch.remove_after_exit(os.getpid())
+        os.killpg(0, signal.SIGKILL)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    made = list((tmp_path / "attn-grader").glob(f"grade-{int(proc.stdout)}-*"))
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in made) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p.name for p in (tmp_path / "attn-grader").iterdir()]
+
+
+def test_a_spare_kernel_boot_interrupted_leaves_no_kernel_and_no_folder(monkeypatch):
+    """Ctrl-C (or a class run's end) while the next submission's kernel boots: neither that kernel
+    nor the one taken for the current submission is left running or leaves its folder."""
+    import psutil
+    from autograder import grading, scratch
+    before = set(scratch.parent().glob("grade-*"))  # a kernel's socket path is short: its real parent
+    boots, pids, started = [], [], grading.GradingKernelManager.start_kernel
+
+    async def start_kernel(self, **kw):
+        boots.append(self)
+        if len(boots) == 2:
+            raise KeyboardInterrupt
+        await started(self, **kw)
+        pids.append(self.provisioner.pid)
+
+    monkeypatch.setattr(grading.GradingKernelManager, "start_kernel", start_kernel)
+    relay = grading.KernelRelay(sandboxed=False)
+    with pytest.raises(KeyboardInterrupt):
+        relay.take(ROOT / "chapters" / f"{CHAPTER}.ipynb", CHAPTER, boot_next=True)
+    assert len(pids) == 1 and not (psutil.pid_exists(pids[0]) and psutil.Process(pids[0]).status() != "zombie")
+    assert relay.spare is None and set(scratch.parent().glob("grade-*")) == before
+
+
 # ------------------------------------------------------------------ class mode
 def test_class_run_attackers_gain_nothing_and_change_nobody_else(tmp_path):
     """In a class run, attackers aim at other students' work and the class gradebook."""

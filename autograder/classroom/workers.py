@@ -65,6 +65,9 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
         return
     finally:
         kernels.close()
+        # every kernel of this worker is shut down now: a folder an interrupt kept a grading from
+        # removing is nobody's
+        scratch.remove_of_process(os.getpid())
 
 
 def _stop_when_gone(class_run, grace: float = 60.0) -> None:
@@ -73,10 +76,11 @@ def _stop_when_gone(class_run, grace: float = 60.0) -> None:
     under way is interrupted (its kernels shut down, its scratch folders removed, as after any
     grading; inside nbgrader's autograde, which keeps a KeyboardInterrupt to itself, the grading
     fails at once and the worker stops when idle), and if that has not ended the worker within
-    GRACE seconds, its whole session is killed."""
+    GRACE seconds, its whole session is killed (a process of its own then removes its folders)."""
     class_run.join()
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a signal, to end a blocking wait too
     time.sleep(grace)
+    scratch.remove_after_exit(os.getpid())
     os.killpg(0, signal.SIGKILL)
 
 
