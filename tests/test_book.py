@@ -306,9 +306,7 @@ class DevTools:
                 assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
                 time.sleep(0.1)
         except AssertionError:
-            self.proc.kill()
-            self.proc.wait()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._stop()
             raise
         port = int(port_file.read_text().split()[0])
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -363,13 +361,17 @@ class DevTools:
         try:
             self.ws.close()
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._stop()
+
+    def _stop(self):
+        """End Chromium and remove its TMPDIR."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
