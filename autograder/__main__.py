@@ -65,6 +65,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command != "grade":
         return _class_command(args)
+    from .classroom.folders import student_id
+    try:  # the gradebook's key and a part of the feedback page's name: checked before anything runs
+        args.student = student_id(args.student, "--student")
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     import warnings
     warnings.filterwarnings("ignore")  # nbgrader's SQLAlchemy chatter is not for the reader
@@ -152,13 +158,21 @@ def _run_class_command(args) -> int:
             print(path)
     elif args.command == "collect":
         course = class_folder(args.course)
+        if args.source.is_file():
+            raise ValueError(f"collect: {args.source} is a file; unpack the LMS's download into a folder and "
+                             "collect that folder")
         source = existing_folder(args.source, "collect: source")
-        from .classroom.collect import collect
-        tasks = collect(source, course, args.chapter)
-        if not tasks:
+        from .classroom.collect import LOG, collect
+        outcomes = collect(source, course, args.chapter)
+        for outcome in outcomes:
+            print(outcome.line())
+        counts = {a: sum(o.action == a for o in outcomes) for a in ("collected", "older", "unchanged", "refused")}
+        if not any(o.task for o in outcomes):
             raise ValueError(f"collect: no submissions in {args.source} (expected <student>/<chapter>/*.ipynb "
-                             "or a flat folder of <student>.ipynb)")
-        print(f"collected {len(tasks)} submission(s) into {args.course / 'submitted'}")
+                             "or a flat folder of <student>.ipynb; the lines above say why each file was left)")
+        print(f"{counts['collected']} collected into {args.course / 'submitted'}, {counts['older']} kept as older "
+              f"files, {counts['unchanged']} already there, {counts['refused']} refused; "
+              f"these lines are also in {args.course / LOG}")
     elif args.command == "grade-class":
         shard = _shard(args.shard)
         course = class_folder(args.course)
