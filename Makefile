@@ -38,13 +38,14 @@ fonts:
 	    echo "make: the Chinese edition needs a CJK font: install it (Debian/Ubuntu: apt-get install fonts-noto-cjk)" >&2; exit 1; \
 	  fi; }
 
-## The grader's OS sandbox (bubblewrap): installed when root on Debian, else one line says what is missing
+## The grader's OS sandbox (bubblewrap, and libseccomp for its system-call filter): installed when root on
+## Debian, else one line says what is missing
 sandbox:
-	@command -v bwrap >/dev/null || { \
+	@command -v bwrap >/dev/null && { ldconfig -p 2>/dev/null || /sbin/ldconfig -p; } | grep -q 'libseccomp\.so\.2' || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null; \
 	  else \
-	    echo "make: the grader's sandbox needs bubblewrap: install it (Debian/Ubuntu: apt-get install bubblewrap)" >&2; exit 1; \
+	    echo "make: the grader's sandbox needs bubblewrap and libseccomp: install them (Debian/Ubuntu: apt-get install bubblewrap libseccomp2)" >&2; exit 1; \
 	  fi; }
 
 ## The fast tier: every test but those that grade through the real pipeline or build the book

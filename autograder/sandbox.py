@@ -7,7 +7,9 @@ of the machine exists there: not the project, the course folder, other submissio
 gradebook, the reference, the grader's caches, the home folder or the host's ``/tmp``.
 It has its own network namespace (no network), its own PID namespace (it sees and
 signals only itself), no capabilities, no new privileges, and an explicit environment;
-what it can read of its own launcher (``/proc/1/cmdline``) names no host path.
+what it can read of its own launcher (``/proc/1/cmdline``) names no host path. A
+seccomp filter (``seccomp_program``, given to bubblewrap) refuses the system calls no
+notebook needs and that namespaces do not separate (``DENIED_CALLS``).
 
 Limits (defaults below; environment variables of the same name change them):
 
@@ -25,6 +27,8 @@ Limits (defaults below; environment variables of the same name change them):
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import os
 import shutil
 import sys
@@ -65,13 +69,79 @@ class SandboxUnavailable(RuntimeError):
 
 
 def bubblewrap() -> str:
-    """Path of ``bwrap``, or a one-line reason why grading cannot be sandboxed."""
+    """Path of ``bwrap``, or a one-line reason why grading cannot be sandboxed (no bubblewrap, or
+    no libseccomp to build the sandbox's system-call filter)."""
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxUnavailable(
             "the OS sandbox needs bubblewrap: install it (Debian/Ubuntu: `apt-get install bubblewrap`), "
             "or grade without a sandbox with --unsandboxed (only for code you trust)")
+    seccomp_program()
     return path
+
+
+# System calls refused inside the sandbox with EPERM, as Docker's default profile refuses them:
+# what namespaces do not separate, or what would widen the kernel surface a notebook can reach.
+# Names libseccomp does not know (an older library than the kernel) are left out.
+DENIED_CALLS = {
+    # Keyrings are not namespaced: the grading user's session keyring is the sandbox's too, and
+    # every kernel of a class run would share it (a channel between submissions).
+    "keyrings": ("add_key", "keyctl", "request_key"),
+    # Another process's memory, even inside the sandbox (the kernel needs none of it).
+    "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
+    # Large kernel interfaces, the usual way in for a kernel exploit.
+    "kernel interfaces": ("io_uring_setup", "io_uring_enter", "io_uring_register", "perf_event_open", "bpf",
+                          "userfaultfd", "fanotify_init", "lookup_dcookie", "open_by_handle_at"),
+    # Mounts and namespaces: the sandbox's view of the files stays what bubblewrap made.
+    "mounts and namespaces": ("mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount",
+                              "fspick", "move_mount", "open_tree", "mount_setattr", "unshare", "setns"),
+    # Kernel modules, kexec and the machine's own settings.
+    "the machine": ("init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+                    "swapon", "swapoff", "acct", "syslog", "settimeofday", "clock_settime", "quotactl",
+                    "iopl", "ioperm", "uselib", "vhangup"),
+}
+# clone() with any of these flags makes a namespace: refused (EPERM); threads and processes are not.
+CLONE_NAMESPACES = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+                    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+                    "CLONE_NEWNET": 0x40000000}
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program() -> bytes:
+    """The sandbox's seccomp filter, a BPF program for ``bwrap --seccomp FD`` built by libseccomp.
+
+    Every call of ``DENIED_CALLS`` fails with EPERM, and so does clone() with a namespace flag.
+    clone3() fails with ENOSYS: its flags are in memory a filter cannot read, and ENOSYS makes
+    the C library fall back to clone() for threads and processes (Docker does the same). A call
+    of another architecture (32-bit int 0x80, x32) fails with ENOSYS: the filter's rules name
+    this architecture's calls only. Everything else is allowed."""
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, RuntimeError, OSError):  # pyseccomp raises RuntimeError without libseccomp
+        raise SandboxUnavailable(
+            "the OS sandbox needs libseccomp and its Python binding pyseccomp: install them (Debian/Ubuntu: "
+            "`apt-get install libseccomp2`, then `make install`), or grade without a sandbox with --unsandboxed "
+            "(only for code you trust)") from None
+    denied = seccomp.ERRNO(errno.EPERM)
+    program = seccomp.SyscallFilter(seccomp.ALLOW)
+    program.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.ERRNO(errno.ENOSYS))
+
+    def known(name: str) -> bool:
+        return seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) >= 0
+
+    for name in (name for names in DENIED_CALLS.values() for name in names if known(name)):
+        program.add_rule(denied, name)
+    if known("clone3"):
+        program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    for flag in CLONE_NAMESPACES.values():
+        program.add_rule(denied, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    fd = os.memfd_create("seccomp", 0)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            program.export_bpf(out)
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
 
 
 def _system_paths() -> list[tuple[str, str]]:
@@ -150,9 +220,10 @@ def command(kernel_argv: list[str], exchange, files: dict[str, bytes], env: dict
     ``cgroups.Cgroup`` the sandbox runs in, if the machine offers one.
     """
     from .exchange import INSIDE
-    fds: list[int] = []
+    fds: list[int] = [_memory_file("bwrap-seccomp", seccomp_program())]
     options = ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--die-with-parent",
                "--new-session", "--cap-drop", "ALL", "--disable-userns", "--hostname", "grader", "--clearenv",
+               "--seccomp", str(fds[0]),
                "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
                "--size", str(limits.scratch), "--tmpfs", "/tmp"]
     for kind, source, target in _system_paths():
