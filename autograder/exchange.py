@@ -1,8 +1,9 @@
 """The one folder the kernel and the grader share, as the grader touches it: without races.
 
-The kernel's sockets live at its top, a test's inputs in ``cases/`` (read-only inside the
-sandbox, where it is a mount point that cannot be renamed) and its results in
-``results/`` (the only place the kernel writes, also a mount point). Code in the sandbox
+The kernel's sockets live in ``sockets/``, a test's inputs in ``cases/`` (read-only inside
+the sandbox, where it is a mount point that cannot be renamed) and its results in
+``results/`` (with ``sockets/``, the only places the kernel writes, also mount points; the
+folder's top is read-only inside). Code in the sandbox
 can put anything where a result is expected, and swap it at any moment: a symlink to a
 host file, a FIFO whose writer is gone, a folder, a huge file. So the grader never
 follows a path there: it opens the folder once, reaches entries relative to that
@@ -28,7 +29,8 @@ class Exchange:
     def __init__(self, folder: Path):
         self.folder = folder
         self.cases, self.results = folder / "cases", folder / "results"
-        for d in (self.cases, self.results):
+        self.sockets = folder / "sockets"  # the kernel's ZeroMQ ipc sockets (it makes them)
+        for d in (self.cases, self.results, self.sockets):
             d.mkdir(parents=True, exist_ok=True)
 
     def inside(self, path: Path) -> str:

@@ -69,7 +69,7 @@ class GradingKernelManager(AsyncKernelManager):
 
     def __init__(self, **kwargs):
         super().__init__(kernel_name="python3", transport="ipc", **kwargs)
-        self.ip = str(self.exchange.folder / "kernel")
+        self.ip = str(self.exchange.sockets / "kernel")
         # Outside the shared folder: nothing in the sandbox can rewrite what the grader connects to.
         self.connection_file = str(self.exchange.folder.parent / "connection.json")
         self.kernel_spec.interrupt_mode = "message"

@@ -7,9 +7,11 @@ of the machine exists there: not the project, the course folder, other submissio
 gradebook, the reference, the grader's caches, the home folder or the host's ``/tmp``.
 It has its own network namespace (no network), its own PID namespace (it sees and
 signals only itself), no capabilities, no new privileges, and an explicit environment;
-what it can read of its own launcher (``/proc/1/cmdline``) names no host path. A
-seccomp filter (``seccomp_program``, given to bubblewrap) refuses the system calls no
-notebook needs and that namespaces do not separate (``DENIED_CALLS``).
+what it can read of its own launcher (``/proc/1/cmdline``) names no host path. Its
+root, ``/dev`` and the top of the exchange folder are read-only; it writes only in its
+``/tmp``, its ``/dev/shm`` (both sized tmpfs) and the exchange folder's ``sockets/`` and
+``results/``. A seccomp filter (``seccomp_program``, given to bubblewrap) refuses the
+system calls no notebook needs and that namespaces do not separate (``DENIED_CALLS``).
 
 Limits (defaults below; environment variables of the same name change them):
 
@@ -49,6 +51,7 @@ class Limits:
     file_size: int = 512 * MiB  # one written file
     open_files: int = 1024
     scratch: int = 1 * GiB  # the private /tmp
+    shm: int = 256 * MiB  # the private /dev/shm
     exchange: int = 512 * MiB  # the folder shared with the grader
     exchange_entries: int = 10_000  # files and folders in it
     wall_seconds: float = 1800.0
@@ -214,21 +217,24 @@ def command(kernel_argv: list[str], exchange, files: dict[str, bytes], env: dict
             limits: Limits, cgroup=None) -> Launch:
     """How to run ``kernel_argv`` (paths as seen inside) in the sandbox.
 
-    exchange: the shared ``Exchange``, mounted at ``exchange.INSIDE``: its ``cases/``
-    read-only, its ``results/`` writable, both mount points the kernel cannot rename.
-    files: read-only files to place inside, by their path inside. cgroup: a
-    ``cgroups.Cgroup`` the sandbox runs in, if the machine offers one.
+    exchange: the shared ``Exchange``, mounted read-only at ``exchange.INSIDE``: its
+    ``sockets/`` (the kernel's own) and ``results/`` writable, its ``cases/`` read-only, all
+    mount points the kernel cannot rename. files: read-only files to place inside, by their
+    path inside. cgroup: a ``cgroups.Cgroup`` the sandbox runs in, if the machine offers one.
     """
     from .exchange import INSIDE
     fds: list[int] = [_memory_file("bwrap-seccomp", seccomp_program())]
     options = ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--die-with-parent",
                "--new-session", "--cap-drop", "ALL", "--disable-userns", "--hostname", "grader", "--clearenv",
                "--seccomp", str(fds[0]),
-               "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
+               "--proc", "/proc", "--remount-ro", "/proc",
+               # /dev's own tmpfs has no size: only /dev/shm, sized, is writable
+               "--dev", "/dev", "--size", str(limits.shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                "--size", str(limits.scratch), "--tmpfs", "/tmp"]
     for kind, source, target in _system_paths():
         options += [kind, source, target]
-    options += ["--bind", str(exchange.folder), INSIDE,
+    options += ["--ro-bind", str(exchange.folder), INSIDE,
+                "--bind", str(exchange.sockets), exchange.inside(exchange.sockets),
                 "--ro-bind", str(exchange.cases), exchange.inside(exchange.cases),
                 "--bind", str(exchange.results), exchange.inside(exchange.results)]
     for inside, data in files.items():
@@ -236,7 +242,8 @@ def command(kernel_argv: list[str], exchange, files: dict[str, bytes], env: dict
         options += ["--ro-bind-data", str(fds[-1]), inside]
     for key, value in env.items():
         options += ["--setenv", key, value]
-    options += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--chdir", "/tmp/work"]
+    # bubblewrap's root is a tmpfs with no size: read-only once everything is in place
+    options += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--remount-ro", "/", "--chdir", "/tmp/work"]
     fds.insert(0, _memory_file("bwrap-args", "\0".join(options).encode() + b"\0"))
     argv = [shutil.which("prlimit") or "prlimit", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_size}",
             f"--nofile={limits.open_files}", "--core=0", bubblewrap(), "--args", str(fds[0]), *kernel_argv]

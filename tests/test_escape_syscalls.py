@@ -8,7 +8,8 @@ the grader's dependencies; the audit hook refuses ctypes, not cffi), as an attac
 
 One kernel answers every question here (``inside``): it is started by a process of its own, which
 first puts a key in a session keyring of its own (so this test process keeps no key and no
-keyring), then asks the kernel for each call's errno and for that key. One attack notebook is
+keyring), then asks the kernel for each call's errno, which of its folders take a new file, what
+its ``/proc/self/mountinfo`` names, and how ``/dev/shm`` is charged. One attack notebook is
 graded through ``grade`` the same way.
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ pytestmark = [pytest.mark.pipeline,
 
 CHAPTER = "02_self_attention"
 SECRET = b"the grader's own secret"
+MiB = 2**20
+SHM_WRITTEN = 192 * MiB
 
 # name -> (x86-64 number, arguments): arguments the sandbox without its filter answers with something
 # other than EPERM (in brackets), so that EPERM is the filter's own answer; init_module and kexec_load
@@ -56,6 +59,10 @@ DENIED = {
     "clone(CLONE_NEWNS)": (56, (CLONE_NEWNS | CLONE_FS, 0, 0, 0, 0)),
 }
 ENOSYS_CALLS = {"clone3": (435, (0, 0))}  # [EINVAL]: the C library falls back to clone() on ENOSYS
+
+WRITABLE = ["/tmp", "/dev/shm", "/exchange/sockets", "/exchange/results"]
+READ_ONLY = ["/", "/etc", "/opt", "/dev", "/exchange", "/exchange/cases", "/opt/venv", "/usr"]
+
 
 def _probe(key: str) -> str:
     """Kernel-side code: one JSON line of what it could do (cffi, past the audit hook) with the
@@ -91,6 +98,16 @@ def _probe(key: str) -> str:
         }}
         found["read_bytes"] = ffi.buffer(buf, 64)[:].rstrip(b"\\0").decode("latin-1")
 
+        def creates(folder):
+            path = os.path.join(folder, "probe-new-file").encode()
+            fd = libc.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ffi.cast("int", 0o600))
+            if fd < 0:
+                return errno.errorcode[libc.__errno_location()[0]]
+            libc.close(fd)
+            libc.unlink(path)
+            return "created"
+        found["writes"] = {{folder: creates(folder) for folder in {WRITABLE + READ_ONLY!r}}}
+
         # what must still work: threads (clone3 refused, so clone), a fork, torch's own threads
         box = []
         thread = threading.Thread(target=box.append, args=(1,))
@@ -105,23 +122,44 @@ def _probe(key: str) -> str:
         found["works"] = {{"thread": box == [1], "fork": os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7,
                           "torch": product == 256.0 ** 3}}
         found["seccomp"] = [line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:")]
+        found["mounts"] = [line.split()[3:5] for line in open("/proc/self/mountinfo")]
         print(json.dumps(found))
     """)
 
 
+# The shared memory's part: written natively, then the limit of /dev/shm's size.
+SHM_FILL = textwrap.dedent(f"""
+    import cffi, errno, os
+    ffi = cffi.FFI()
+    ffi.cdef("int open(const char *path, int flags, ...); long write(int, const void *, long); int *__errno_location(void);")
+    libc = ffi.dlopen(None)
+    chunk = ffi.new("char[]", b"x" * {MiB})
+    fd = libc.open(b"/dev/shm/fill", os.O_WRONLY | os.O_CREAT, ffi.cast("int", 0o600))
+    written, error = 0, None
+    while written < {{limit}}:
+        n = libc.write(fd, chunk, {MiB})
+        if n <= 0:
+            error = errno.errorcode[libc.__errno_location()[0]]
+            break
+        written += n
+    print(written, error)
+""")
+
 # Runs in a process of its own (its session keyring, its kernel); prints one JSON line.
 RUN = textwrap.dedent("""
-    import ctypes, json, sys
+    import ctypes, json, sys, time
     sys.path.insert(0, sys.argv[1])
+    import dataclasses
     from jupyter_core.utils import run_sync
     from autograder.grading import KernelSlot
+    from autograder.sandbox import Limits
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     assert libc.syscall(250, 1, None) > 0  # KEYCTL_JOIN_SESSION_KEYRING: a new one, for this process alone
     secret = sys.argv[2].encode()
     key = libc.syscall(248, b"user", b"attn-grader-test", secret, len(secret), ctypes.c_long(-3))
     assert key > 0, ctypes.get_errno()
-    probe = sys.argv[3]
+    probe, fill, shm_written = sys.argv[3], sys.argv[4], int(sys.argv[5])
 
     def keyring():
         buf = ctypes.create_string_buffer(256)
@@ -130,8 +168,17 @@ RUN = textwrap.dedent("""
         n = libc.syscall(250, 11, ctypes.c_long(key), payload, 64)
         return {"keys": ids.value // 4, "payload": payload.raw[:max(n, 0)].decode("latin-1")}
 
+    def memory(cgroup):
+        if cgroup is None:
+            return None
+        folder = cgroup.folders["memory"]
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+        usage = (folder / ("memory.current" if cgroup.version == 2 else "memory.usage_in_bytes")).read_text()
+        return {"shmem": int(stat["shmem"]), "usage": int(usage),
+                "pinned": int(stat["anon" if cgroup.version == 2 else "rss"]) + int(stat["shmem"])}
+
     report = {}
-    slot = KernelSlot()
+    slot = KernelSlot(limits=dataclasses.replace(Limits.from_environment(), memory=2**30))
     try:
         client = slot.kernel.client()
         client.start_channels()
@@ -149,16 +196,34 @@ RUN = textwrap.dedent("""
 
         report["probe"] = run(probe.replace("GRADER_KEY_ID", str(key)))
         report["keyring"] = keyring()
+        cgroup = slot.kernel.cgroup
+        report["before"] = memory(cgroup)
+        report["fill"] = run(fill.format(limit=shm_written))
+        report["after"] = memory(cgroup)
+        report["overfill"] = run(fill.format(limit=shm_written * 4))
+        if cgroup is not None:
+            # Anonymous memory that fits beside what the sandbox holds but its /dev/shm, not beside it all:
+            # the limit is crossed only because the shared memory counts.
+            held = memory(cgroup)
+            report["held"] = held
+            extra = 2**30 - held["pinned"] + 64 * 2**20
+            client.execute(f"import numpy as np\\nextra = np.ones({extra // 8})")
+            deadline = time.monotonic() + 60
+            while slot.kernel.limit_reason is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            report["limit_reason"] = slot.kernel.limit_reason
         client.stop_channels()
     finally:
         slot.close()
+    report["enforcement"] = cgroup.enforcement if cgroup is not None else None
     print(json.dumps(report))
 """)
 
 
 @pytest.fixture(scope="module")
 def inside():
-    proc = subprocess.run([sys.executable, "-c", RUN, str(ROOT), SECRET.decode(), _probe("GRADER_KEY_ID")],
+    proc = subprocess.run([sys.executable, "-c", RUN, str(ROOT), SECRET.decode(), _probe("GRADER_KEY_ID"),
+                           SHM_FILL, str(SHM_WRITTEN)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -186,6 +251,47 @@ def test_a_denied_call_fails_inside_and_the_kernel_goes_on(inside, name):
 def test_threads_processes_and_torch_still_work_under_the_filter(inside):
     assert inside["probe"]["works"] == {"thread": True, "fork": True, "torch": True}
     assert inside["probe"]["seccomp"] == ["2"]  # a filter is on
+
+
+def test_only_tmp_shm_sockets_and_results_take_a_new_file(inside):
+    writes = inside["probe"]["writes"]
+    assert {folder: writes[folder] for folder in WRITABLE} == dict.fromkeys(WRITABLE, "created"), writes
+    assert {folder: writes[folder] for folder in READ_ONLY} == dict.fromkeys(READ_ONLY, "EROFS"), writes
+
+
+def test_mountinfo_names_only_the_bound_folders_of_the_host(inside):
+    """Bubblewrap's bind mounts show their host path in mountinfo's root field, and no option of it
+    hides that: the kernel learns the names of the folders bound into it (the system's, the venv,
+    the Python installation, the exchange folder under the grader's scratch folder), none of which
+    it can reach any further. Nothing else of the host is named there."""
+    import re
+
+    from autograder import sandbox
+    roots = [root for root, _ in inside["probe"]["mounts"]]
+    bound = {os.path.realpath(source) for kind, source, _ in sandbox._system_paths() if kind == "--ro-bind"}
+    bwrap_own = {"/newroot", "/", "/irq", "/bus", *(f"/{device}" for device in
+                                                     ("null", "zero", "full", "random", "urandom", "tty"))}
+    exchange = [root for root in roots if re.fullmatch(r".*/grade-\d+-\w+/exchange(/sockets|/cases|/results)?", root)]
+    placed = [root for root in roots if re.fullmatch(r"/bindfile\w+//deleted", root)]  # files given as data
+    assert set(roots) - bound - bwrap_own - set(exchange) - set(placed) == set(), roots
+    assert len(exchange) == 4 and len(placed) >= 4, roots
+    assert {root for root in roots if root.startswith(str(ROOT))} <= {os.path.realpath(sys.prefix)}, roots
+
+
+def test_dev_shm_is_sized_and_charged_to_the_sandboxs_memory(inside):
+    """What /dev/shm holds is a tmpfs of the sandbox's own: its pages count in the sandbox's memory
+    (its control group, no swap), and it is full at its size (the limit that holds where no control
+    group can be made)."""
+    from autograder.sandbox import Limits
+    assert inside["fill"] == f"{SHM_WRITTEN} None"
+    assert inside["overfill"] == f"{Limits().shm} ENOSPC"  # the same file, grown to the tmpfs's size
+    if inside["enforcement"] is None:
+        pytest.skip("no writable cgroup hierarchy here: the watchdog polls, and /dev/shm's size bounds it")
+    rise = inside["after"]["shmem"] - inside["before"]["shmem"]
+    assert rise >= SHM_WRITTEN, inside
+    assert inside["after"]["usage"] - inside["before"]["usage"] >= SHM_WRITTEN * 0.9, inside
+    # memory that would fit beside everything but the shared memory crosses the limit
+    assert inside["limit_reason"] == "the notebook used more than 1 GiB of memory", inside
 
 
 # ------------------------------------------------------------------ graded
