@@ -11,14 +11,20 @@ The graded page is nbgrader's ``generate_feedback`` with a template of ours
 the MathJax the book ships (copied once into the feedback folder, ``install_mathjax``;
 no network), MyST admonitions as boxes (``myst.MystDirectives``), and the summary naming
 each test by its grade id.
+
+Nothing a learner submitted runs on any of these pages (``html_safety``): the rendered cells
+are sanitised with nh3, what the grader inserts is escaped, and each page carries a
+Content-Security-Policy that allows no script but its own MathJax configuration (by hash)
+and the MathJax files beside it.
 """
 from __future__ import annotations
 
-import html as html_lib
 import importlib.metadata
+import json
 import os
 import re
 import shutil
+from html import unescape as html_unescape
 from pathlib import Path
 
 import nbformat
@@ -30,6 +36,7 @@ from coursekit import conventions as C
 from coursekit import nbgrader_course
 
 from . import myst
+from .html_safety import cells, csp_meta, policy, text
 from .messages import msg, tell
 
 TEMPLATES = Path(__file__).resolve().parent / "feedback_template"
@@ -39,6 +46,32 @@ MATHJAX_FOLDER = "_static/mathjax"  # in the feedback folder; no student id star
 MATHJAX_URLS = (f"../../{MATHJAX_FOLDER}/tex-chtml.js", f"{MATHJAX_FOLDER}/tex-chtml.js")
 # The parts of MathJax 3 that typeset TeX as HTML (the speech engine, 4 MB, is left out).
 MATHJAX_PARTS = ("tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/woff-v2", "ui", "a11y")
+# The page's one script: MathJax's configuration, then MathJax from the first of MATHJAX_URLS
+# that loads. Its hash is in the page's policy; any other inline script or handler is refused.
+# MathJax's safe extension (ui/safe) keeps \href, \class, \style and \require of the
+# learner's TeX to harmless values.
+MATHJAX_SCRIPT = r"""
+window.MathJax = {
+  loader: {load: ['ui/safe']},
+  tex: {inlineMath: [['$', '$'], ['\\(', '\\)']], displayMath: [['$$', '$$'], ['\\[', '\\]']],
+        processEscapes: true, processEnvironments: true, tags: 'ams'},
+  options: {enableMenu: false},
+  chtml: {displayAlign: 'center'}
+};
+(function () {
+  var urls = %s;
+  function load(i) {
+    if (i >= urls.length) { return; }
+    var script = document.createElement('script');
+    script.src = urls[i];
+    script.async = true;
+    script.onerror = function () { script.remove(); load(i + 1); };
+    document.head.appendChild(script);
+  }
+  load(0);
+})();
+""" % json.dumps(list(MATHJAX_URLS))
+FEEDBACK_POLICY = policy(MATHJAX_SCRIPT, fonts=True)
 
 
 class PageResources(Preprocessor):
@@ -49,10 +82,10 @@ class PageResources(Preprocessor):
     language = Unicode(C.SOURCE_LANGUAGE).tag(config=True)
 
     def preprocess(self, nb, resources):
-        words = {key: tell(text, self.language) for key, text in PAGE_WORDS.items()}
-        resources["course_feedback"] = {"mathjax_urls": list(MATHJAX_URLS), "css": myst.CSS + VERDICT_CSS,
-                                        "words": words,
-                                        "lang": self.language.replace("_", "-")}
+        words = {key: text(tell(said, self.language)) for key, said in PAGE_WORDS.items()}
+        resources["course_feedback"] = {"script": MATHJAX_SCRIPT, "csp": csp_meta(FEEDBACK_POLICY),
+                                        "css": myst.CSS + VERDICT_CSS, "words": words,
+                                        "lang": text(self.language.replace("_", "-"))}
         return nb, resources
 
 
@@ -74,24 +107,38 @@ def generate_feedback(course: Path, chapter: str, student: str, language: str = 
     (``NbGraderAPI.generate_feedback`` forces nbgrader's own template, so the converter is
     run here the way that method runs it.)
     """
-    import nbgrader
-    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.converters import GenerateFeedback
     from nbgrader.preprocessors import GetGrades
     from nbgrader.utils import capture_log, temp_attrs
-    cfg = nbgrader_course.config(course)
-    cfg.HTMLExporter.template_name = "course_feedback"  # conf.json: based on nbgrader's "feedback"
-    cfg.HTMLExporter.template_file = "course_feedback.html.j2"
-    cfg.HTMLExporter.extra_template_basedirs = [
-        str(TEMPLATES), str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
-    cfg.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, myst.MystDirectives,
-                                          PageResources]
-    cfg.PageResources.language = language
+    cfg = page_config(nbgrader_course.config(course), language)
+    cfg.GenerateFeedback.preprocessors = [GetGrades, *page_steps()]
     api = nbgrader_course.api(course, cfg)
     with temp_attrs(api.coursedir, assignment_id=chapter, student_id=student):
         app = GenerateFeedback(coursedir=api.coursedir, parent=api)
         app.force = True
         return capture_log(app)
+
+
+def page_config(cfg, language: str = C.SOURCE_LANGUAGE):
+    """CFG (an nbconvert config) set to render our page: its template, its filters (the
+    sanitiser and the escaping helper) and its words' language."""
+    import nbgrader
+    formgrader = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
+    cfg.HTMLExporter.template_name = "course_feedback"  # conf.json: based on nbgrader's "feedback"
+    cfg.HTMLExporter.template_file = "course_feedback.html.j2"
+    cfg.HTMLExporter.extra_template_basedirs = [str(TEMPLATES), str(formgrader / "templates")]
+    # its bootstrap.min.css (GenerateFeedback sets the same; a bare HTMLExporter needs it too)
+    cfg.HTMLExporter.extra_template_paths = [str(formgrader / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
+    # our template's, and nbconvert's own cleaner (bleach; its classic template cleans raw cells) as ours
+    cfg.HTMLExporter.filters = {"sanitised_cells": cells, "escaped": text, "clean_html": cells}
+    cfg.PageResources.language = language
+    return cfg
+
+
+def page_steps() -> list:
+    """The preprocessors our page needs after nbgrader's GetGrades (which reads the gradebook)."""
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    return [CSSHTMLHeaderPreprocessor, myst.MystDirectives, PageResources]
 
 
 def mathjax_source() -> Path | None:
@@ -137,13 +184,18 @@ def write_page(folder: Path, name: str | Path, page: str) -> Path:
     return target
 
 
+def _head(title: str, language: str) -> str:
+    """The start of a page without a notebook, up to its body: no script may run there."""
+    return (f"<!DOCTYPE html><html lang='{text(language.replace('_', '-'))}'><head><meta charset='utf-8'>"
+            f"{csp_meta(policy())}<title>{title}</title></head><body><h1>{title}</h1>")
+
+
 def unavailable_page(student: str, chapter: str, max_score: float, reason: str, language: str) -> str:
     """The page of a submission that could not be graded: its score (0) and the reason."""
     def told(message):
-        return html_lib.escape(tell(message, language), quote=False)
+        return text(tell(message, language))
     title = told(msg("{chapter}: feedback for {student}", chapter=chapter, student=student))
-    return (f"<!DOCTYPE html><html lang='{language.replace('_', '-')}'><head><meta charset='utf-8'>"
-            f"<title>{title}</title></head><body><h1>{title}</h1>"
+    return (_head(title, language) +
             f"<p>{told(msg('Score'))}: 0 / {max_score:g}</p>"
             f"<p>{told(msg('This submission could not be graded: {reason}', reason=reason or msg('no reason recorded')))}</p>"
             "</body></html>\n")
@@ -154,17 +206,16 @@ def scores_page(student: str, chapter: str, outcomes, language: str) -> str:
     failed, or held a hidden test's text): its score and each test's verdict, as the full page
     shows them, without the notebook."""
     def told(message):
-        return html_lib.escape(tell(message, language), quote=False)
+        return text(tell(message, language))
     title = told(msg("{chapter}: feedback for {student}", chapter=chapter, student=student))
     score, points = sum(o.score for o in outcomes), sum(o.points for o in outcomes)
-    parts = [f"<!DOCTYPE html><html lang='{language.replace('_', '-')}'><head><meta charset='utf-8'>"
-             f"<title>{title}</title></head><body><h1>{title}</h1>",
+    parts = [_head(title, language),
              f"<p>{told(msg('Score'))}: {score:g} / {points:g}</p>",
              f"<p>{told(msg('The full page of this feedback could not be made; here is each test and why it lost points.'))}</p>"]
     for exercise in dict.fromkeys(o.exercise for o in outcomes):
-        parts.append(f"<h2>{html_lib.escape(exercise)}</h2>")
+        parts.append(f"<h2>{text(exercise)}</h2>")
         for o in (o for o in outcomes if o.exercise == exercise):
-            parts.append(f"<h3>{html_lib.escape(o.test_id)}</h3>{verdict_output(o, language).data['text/html']}")
+            parts.append(f"<h3>{text(o.test_id)}</h3>{verdict_output(o, language).data['text/html']}")
     return "".join(parts) + "</body></html>\n"
 
 
@@ -187,11 +238,11 @@ def render(course: Path, chapter, student: str, autograded: Path, outcomes, subm
     page = course / "feedback" / student / chapter.name / f"{chapter.name}.html"
     if not result["success"] or not page.exists():
         return None
-    text = page.read_text(errors="replace")
-    if reveals_hidden_source(text, chapter.hidden_lines, submitted_text):
-        page.unlink()  # never hand out hidden test source; the scores stand
+    html = page.read_text(errors="replace")
+    if reveals_hidden_source(html, chapter.hidden_lines, submitted_text) or not has_policy(html):
+        page.unlink()  # never hand out hidden test source, nor a page without its policy; the scores stand
         return None
-    return text
+    return html
 
 
 def verdict_output(outcome, language) -> nbformat.NotebookNode:
@@ -216,13 +267,19 @@ def verdict_output(outcome, language) -> nbformat.NotebookNode:
     return nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": plain})
 
 
-def as_html(text: str) -> str:
+def as_html(words: str) -> str:
     """Escaped text in which Markdown's `code` spans become <code> (the messages' only markup)."""
-    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html_lib.escape(text, quote=False))
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", text(words))
 
 
-def reveals_hidden_source(text: str, hidden_lines, submitted_text: str) -> bool:
+def has_policy(page: str) -> bool:
+    """Does the page's Content-Security-Policy come before its first script (nbgrader's
+    template, which ours edits, could change)?"""
+    return 'http-equiv="Content-Security-Policy"' in page.split("<script", 1)[0]
+
+
+def reveals_hidden_source(page: str, hidden_lines, submitted_text: str) -> bool:
     """Does rendered feedback contain a hidden-test line the submission did not write itself?"""
-    plain = html_lib.unescape(re.sub(r"<[^>]+>", "", text))
+    plain = html_unescape(re.sub(r"<[^>]+>", "", page))
     return "BEGIN HIDDEN TESTS" in plain or any(
         line in plain and line not in submitted_text for line in hidden_lines)
