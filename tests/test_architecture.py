@@ -87,9 +87,10 @@ PARTS = {
     "autograder.sandboxed": set(),                                        # copied into the kernel
     "autograder.judge": {"autograder.messages", "autograder.sandboxed"},  # never the authoring API
     # a class run uses one submission's grading whole, its pages and chapters, and removes the
-    # scratch folders of a worker it killed
+    # scratch folders of a worker it killed; its reports escape what they show as the pages do
     "autograder.classroom": {"autograder.grading", "autograder.submission", "autograder.feedback",
-                             "autograder.chapters", "autograder.sandbox", "autograder.scratch"},
+                             "autograder.chapters", "autograder.sandbox", "autograder.scratch",
+                             "autograder.html_safety"},
 }
 # Only the command line reaches up into a class run: one submission's grading knows nothing of classes.
 CLASS_USERS = {"autograder/__main__.py"}

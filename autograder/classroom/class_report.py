@@ -13,13 +13,14 @@ the submitted notebooks (for the similarity page, ``similarity``).
     class-similarity.csv   every pair at or above the threshold, with its scores
 
 The pages are for the instructor (English), offline: figures are SVG data URIs (drawn
-here), the CSS is inline and there is no script.
+here), the CSS is inline and there is no script. Every value on them (student ids, exercise and
+test names, messages, reasons, answer cells) is escaped by ``html_safety.text``, and each page's
+Content-Security-Policy allows nothing but its own styles and data: images.
 """
 from __future__ import annotations
 
 import base64
 import csv
-import html
 import json
 import re
 import statistics
@@ -28,6 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..html_safety import csp_meta, policy
+from ..html_safety import text as _e
 from .ledger import Ledger
 
 REPORT_HTML, REPORT_CSV = "class-report.html", "class-report.csv"
@@ -259,10 +262,6 @@ details pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;font-size:.8r
 """
 
 
-def _e(text) -> str:
-    return html.escape(str(text))
-
-
 def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset(), cls: str = "") -> str:
     out = [f"<table class='{cls}'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for row in rows:
@@ -284,7 +283,7 @@ def _stats(values: list[float]) -> list:
 
 
 def _page(title: str, body: str) -> str:
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>" + csp_meta(policy()) +
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{_e(title)}</title>"
             f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
