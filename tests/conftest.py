@@ -210,7 +210,7 @@ PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_re
 # module here with its time.
 MODULE_SECONDS = {
     "test_classroom": 405, "test_accessibility": 270, "test_sandbox": 255, "test_grading_ch05": 145,
-    "test_grading_ch06": 135, "test_cli": 105, "test_grading_ch02": 95, "test_publish": 85,
+    "test_grading_ch06": 135, "test_cli": 105, "test_grading_ch02": 95, "test_escape_pages": 90, "test_publish": 85,
     "test_grading_ch08": 75, "test_chinese_edition": 75, "test_grading_ch07": 70, "test_grading_ch01": 60,
     "test_grading_ch03": 50, "test_grading_ch04": 50, "test_book": 40, "test_nbgrader_e2e": 30,
     "test_generated": 25,
