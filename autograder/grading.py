@@ -125,6 +125,16 @@ def _autograde_failure(result: dict) -> str:
 
 
 def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
+    from .session import GradingSession
+
+    session = GradingSession(info, kernel.exchange, work / "private", kernel)
+    try:
+        return _graded(session, work, kernel, nb, info, student, feedback, keep_course)
+    finally:
+        session.close()  # its stand-in process, whatever happened
+
+
+def _graded(session, work, kernel, nb, info, student, feedback, keep_course):
     import nbformat
 
     from coursekit import nbgrader_course
@@ -134,12 +144,10 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     from .execute import GuardedExecute
     from .judged_grades import Judgement
     from .report import Report
-    from .session import GradingSession
     from .static_check import static_builtin_use
     from .submission import repaired
     from .template import course_template
 
-    session = GradingSession(info, kernel.exchange, work / "private", kernel)
     static = static_builtin_use(nb, session.hidden.from_scratch)
     template = course_template(info)
     course = work / "course"

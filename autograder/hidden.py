@@ -18,12 +18,9 @@ submitted code. Chapters import from here only: ``HiddenTests``, ``Mistake`` and
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
-import inspect
 import os
-import textwrap
 from typing import Any, Callable
 
 import torch
@@ -126,7 +123,8 @@ class Builder:
         """Probe ``name(**init).method(*args, **kwargs)`` with the reference's parameter values.
 
         deps: exercises this one uses (called or constructed); while it is tested the
-        reference versions stand in for the learner's, so earlier mistakes cost nothing here.
+        reference versions stand in for the learner's (answered across the exchange,
+        ``autograder.standins``), so earlier mistakes cost nothing here.
         Mistake models are called as ``compute(reference_module, *args, **kwargs)``.
         dtype: run the module in this dtype (``torch.float64``), parameters included.
         """
@@ -145,9 +143,8 @@ class Builder:
     def model(self, name, init, dtype=None) -> ModelArg:
         """A model argument: reference class ``name(**init)`` with random non-default parameters, in eval mode.
 
-        The exercise that receives it is graded on its own: in the kernel too, the model is
-        built from the reference. Its class (and the classes it uses) must be exercises whose
-        tests come earlier in the notebook, or given code.
+        The exercise that receives it is graded on its own: in the kernel, the model is a
+        stand-in whose calls the reference answers in the grader (``autograder.standins``).
         """
         module = self._reference_module(name, init, dtype).eval()
         return ModelArg(name, dict(init), {n: p.detach().clone() for n, p in module.named_parameters()},
@@ -190,8 +187,6 @@ class HiddenTests:
         self.inputs_kept = set(inputs_kept)
         self.builders: dict[str, Callable[[Builder], None]] = {}
         self.memory_rules: dict[str, tuple[int, str]] = {}
-        # Reading a reference class's source parses its whole file (inspect): once per process.
-        self._sources: dict[tuple, str] = {}
         self._built: dict[str, list[Probe]] = {}
 
     def test(self, test_id, max_memory: tuple[int, str] | None = None):
@@ -208,30 +203,6 @@ class HiddenTests:
             return fn
         return register
 
-    def model_source(self, name) -> str:
-        """Source that defines the reference class ``name`` and every reference class or function it uses."""
-        key = ("model", name)
-        if key not in self._sources:
-            self._sources[key] = self._model_source(name)
-        return self._sources[key]
-
-    def _model_source(self, name) -> str:
-        ref, order, todo = self.reference, [], [name]
-        while todo:
-            current = todo.pop()
-            if current in order:
-                continue
-            order.append(current)
-            tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(ref, current))))
-            for node in ast.walk(tree):
-                if (isinstance(node, ast.Name) and node.id not in order and inspect.getmodule(
-                        getattr(ref, node.id, None)) is ref and (inspect.isclass(getattr(ref, node.id))
-                                                                  or inspect.isfunction(getattr(ref, node.id)))):
-                    todo.append(node.id)
-        defined = [n for n, _ in inspect.getmembers(ref) if n in order]
-        by_line = sorted(defined, key=lambda n: inspect.getsourcelines(getattr(ref, n))[1])
-        return "\n\n".join([ref.EXPORTS_SOURCE, *(inspect.getsource(getattr(ref, n)) for n in by_line)])
-
     def build(self, test_id) -> list[Probe]:
         """The test's probes, built anew (``probes`` keeps one build)."""
         builder = Builder(self, test_id)
@@ -245,15 +216,6 @@ class HiddenTests:
         if test_id not in self._built:
             self._built[test_id] = self.build(test_id)
         return self._built[test_id]
-
-    def dependency_source(self, names) -> str:
-        """Source that defines dependency exercises as the reference does, for substitution."""
-        key = ("deps", *names)
-        if key not in self._sources:
-            parts = [self.reference.EXPORTS_SOURCE]
-            parts += [inspect.getsource(getattr(self.reference, name)) for name in names]
-            self._sources[key] = "\n\n".join(parts)
-        return self._sources[key]
 
 
 __all__ = ["HiddenTests", "Builder", "Mistake", "ModelArg", "Probe", "close", "rows_sum_to_one", "tolerance"]

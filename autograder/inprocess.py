@@ -31,47 +31,48 @@ def _through_npz(arrays: dict) -> dict:
     return back
 
 
-def encode_calls(probes, hidden, substituted=None, time_limit=None) -> tuple[list[dict], dict]:
-    """The calls (and their arrays) as the grader writes them for the kernel.
+def sent_calls(probes, hidden, substituted=None, time_limit=None) -> tuple[list[dict], dict, list[str]]:
+    """The calls and their arrays as the kernel reads them (encoded as ``session.encode_calls``
+    encodes them, then through JSON and the ``.npy`` format), and the dependencies stood in for.
 
-    substituted: the dependencies whose reference stands in (``GradingSession._deps``: those
+    substituted: the dependencies whose reference stands in (``GradingSession.ready_deps``: those
     whose own tests have run); default every probe's ``deps``.
     """
-    arrays: dict = {}
-    calls = []
-    for index, probe in enumerate(probes):
-        names = [d for d in probe.deps if substituted is None or d in substituted]
-        deps = {"names": names, "source": hidden.dependency_source(names)} if names else {}
-        call = wire.encode_call(index, probe, deps, arrays, hidden.model_source)
-        if time_limit is not None:
+    from .session import encode_calls
+    if substituted is None:
+        substituted = {d for probe in probes for d in probe.deps}
+    calls, arrays, used = encode_calls(probes, hidden, set(substituted), IN_PROCESS)
+    if time_limit is not None:
+        for call in calls:
             call["time_limit"] = time_limit
-        calls.append(call)
-    return calls, arrays
+    return json.loads(json.dumps(calls)), _through_npz(arrays), used
 
 
-def sent_calls(probes, hidden, substituted=None, time_limit=None) -> tuple[list[dict], dict]:
-    """The calls and their arrays as the kernel reads them: encoded, then through JSON and the
-    ``.npy`` format."""
-    calls, arrays = encode_calls(probes, hidden, substituted, time_limit)
-    return json.loads(json.dumps(calls)), _through_npz(arrays)
+IN_PROCESS = "in-process"  # the stand-ins' address: answered here (``standins.LocalClient``)
 
 
 def run_probes(probes, ns: dict, hidden, substituted=None, time_limit=None, sent=None) -> list[dict]:
     """Results of calling the code in ``ns`` on ``probes``, decoded as the judge reads them.
 
     As in the kernel (``attn_probe.run``), a call that runs out of time ends the test: the
-    calls after it are not run (the list is shorter). sent: ``sent_calls`` of the same
-    arguments, made beforehand.
+    calls after it are not run (the list is shorter). Given exercises and model arguments are
+    stand-ins answered by the reference here, through the same frames as across the exchange.
+    sent: ``sent_calls`` of the same arguments, made beforehand.
     """
-    calls, arrays = sent or sent_calls(probes, hidden, substituted, time_limit)
+    from .session import with_model_calls
+    from .standins import Answerer, LocalClient
+    calls, arrays, used = sent or sent_calls(probes, hidden, substituted, time_limit)
+    answerer = Answerer(hidden)
+    answerer.begin(IN_PROCESS, used, probes)
     writer, results = wire.Writer("r"), []
     for call in calls:
-        outcome = kernel_side.call_one(call, arrays, ns, writer)
+        outcome = kernel_side.call_one(call, arrays, ns, writer, connect=lambda _: LocalClient(answerer))
         results.append(outcome)
         if outcome["status"] == "timeout":
             break
+    records = answerer.end()
     results, back = json.loads(json.dumps(results)), _through_npz(writer.arrays)
-    return [wire.decode_result(r, back) for r in results]
+    return with_model_calls([wire.decode_result(r, back) for r in results], probes, records)
 
 
 def run_probe(probe, ns: dict, hidden, substituted=None, time_limit=None) -> dict:
@@ -123,12 +124,13 @@ class _Session:
         self.memory_rise: dict = {}
         self._results: dict = {}
         self._deps_ready = lambda dep: GradingSession._deps_ready(self, dep)
+        self.ready_deps = lambda test_id: GradingSession.ready_deps(self, test_id)
 
     def run(self, test_id, ns):
         """What ``attn_probe.run(test_id, globals())`` does in the kernel; kept for the judge."""
         if test_id not in self.probes or test_id in self.completed:
             raise FileNotFoundError(test_id)          # the kernel finds no inputs for it
-        ready = {d for p in self.probes[test_id] for d in p.deps if self._deps_ready(d)}
+        ready = set(self.ready_deps(test_id))
         measured = test_id in self.hidden.memory_rules
         if measured:
             self.kernel.reset_peak_memory()
@@ -260,8 +262,8 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
     fresh = prepared is None or prepared.chapter != info or not prepared.prepared
     session = _Session(info) if fresh else prepared
     session.prepared = False  # one notebook per session: a second would find this one's state
-    static = static_builtin_use(nb, session.hidden.from_scratch)
     release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
+    static = static_builtin_use(nb, session.hidden.from_scratch)
     clean, repairs = repaired(nb, release)
     instructor = nbformat.read(info.instructor_notebook, as_version=4)
     restored = {C.grade_id(c): c.source for c in instructor.cells if C.is_test_cell(c)}

@@ -20,7 +20,7 @@ from .exchange import Exchange
 from .messages import msg
 
 HERE = Path(__file__).resolve().parent
-SANDBOXED = HERE / "sandboxed"  # copied into the kernel: its guard, attn_probe and attn_wire
+SANDBOXED = HERE / "sandboxed"  # copied into the kernel: its guard, attn_probe, attn_wire and attn_standin
 INSIDE_LIB = "/tmp/.grader/lib"  # read-only inside the sandbox
 INSIDE_GUARD = "/tmp/ipython/profile_default/startup/00-attn-guard.py"
 INSIDE_CONNECTION = "/tmp/.grader/kernel.json"  # the kernel's copy: socket paths as it sees them
@@ -95,6 +95,7 @@ class GradingKernelManager(AsyncKernelManager):
             files = {INSIDE_GUARD: (SANDBOXED / "guard.py").read_bytes(),
                      f"{INSIDE_LIB}/attn_probe.py": (SANDBOXED / "probe.py").read_bytes(),
                      f"{INSIDE_LIB}/attn_wire.py": (SANDBOXED / "wire.py").read_bytes(),
+                     f"{INSIDE_LIB}/attn_standin.py": (SANDBOXED / "standin.py").read_bytes(),
                      INSIDE_CONNECTION: self._inside_connection()}
             argv = [INSIDE_CONNECTION if a == self.connection_file else a for a in argv]
             self.cgroup = cgroups.create(self.limits.memory, self.limits.tasks)
@@ -109,6 +110,7 @@ class GradingKernelManager(AsyncKernelManager):
             (startup / "00-attn-guard.py").write_bytes((SANDBOXED / "guard.py").read_bytes())
             (lib / "attn_probe.py").write_bytes((SANDBOXED / "probe.py").read_bytes())
             (lib / "attn_wire.py").write_bytes((SANDBOXED / "wire.py").read_bytes())
+            (lib / "attn_standin.py").write_bytes((SANDBOXED / "standin.py").read_bytes())
             kw["env"] = env
             kw["cwd"] = str(self.scratch / "work")
         os.chmod(self.connection_file, 0o600)

@@ -19,7 +19,7 @@ import pytest
 
 from autograder import hidden as H
 from autograder.judge.verdict import judge_probe
-from autograder import inprocess, transfer
+from autograder import inprocess, session, standins, transfer
 from autograder.sandboxed import probe, wire
 from autograder.exchange import Exchange
 
@@ -108,23 +108,35 @@ def _run_in_kernel_side(tests, test_id, probes, namespace, tmp_path, monkeypatch
     exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
     cases, results = exchange.cases, exchange.results
     private.mkdir(exist_ok=True)
-    arrays: dict = {}
-    calls = [wire.encode_call(i, p, {}, arrays, tests.model_source) for i, p in enumerate(probes)]
+    address = exchange.folder / session.STANDIN_SOCKET
+    calls, arrays, used = session.encode_calls(probes, tests, set(), str(address))
     transfer.write_inputs(cases, test_id, calls, arrays)
     monkeypatch.setenv("ATTN_GRADER_CASES", str(cases))
     monkeypatch.setenv("ATTN_GRADER_RESULTS", str(results))
+    service = standins.StandInService(tests, address)
+    service.begin(test_id, used)
     try:
         probe.run(test_id, namespace)
         ended = False
     except SystemExit:
         ended = True
+    finally:
+        records = service.end()
+        service.close()
     transfer.take_results(exchange, private, test_id)
-    return transfer.read_results(private, test_id), ended
+    return session.with_model_calls(transfer.read_results(private, test_id), probes, records), ended
 
 
-def test_model_source_holds_the_class_and_what_it_uses(toy):
-    source = toy.model_source("Scale")
-    assert "class Scale" in source and "def load" not in source and "import torch" in source
+def test_a_model_argument_crosses_as_data_without_a_line_of_the_reference(toy):
+    """A model argument reaches the kernel as names, shapes and values of its parameters and
+    buffers, and the names of its methods: none of the reference's source."""
+    import json
+    calls, arrays, _ = session.encode_calls(toy.build("test_apply"), toy, set(), "nowhere")
+    text = json.dumps(calls)
+    assert all(line.strip() not in text for line in TOY.splitlines() if len(line.strip()) > 12)
+    tree = calls[0]["args"][0]["m"]["tree"]
+    assert set(tree["params"]) == {"w"} and set(tree["buffers"]) == {"offset"}
+    assert tree["modules"][""]["methods"] == ["forward"]
 
 
 @pytest.mark.parametrize("test_id", ["test_apply", "test_load"])

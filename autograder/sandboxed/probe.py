@@ -22,9 +22,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 try:
-    from . import wire            # in the grader's process: autograder.sandboxed.probe
+    from . import standin, wire   # in the grader's process: autograder.sandboxed.probe
 except ImportError:
-    import attn_wire as wire      # in the kernel: a top-level module beside attn_probe
+    import attn_standin as standin  # in the kernel: top-level modules beside attn_probe
+    import attn_wire as wire
 
 
 class ProbeTimeout(BaseException):
@@ -41,44 +42,26 @@ class _Recorder(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(desc, arrays):
-    """A model argument: the reference class, built here with the parameters the grader sent."""
-    env = {"__name__": "attn_reference_model"}
-    exec(compile(desc["source"], "<reference model>", "exec"), env)
-    torch.manual_seed(0)
-    model = env[desc["name"]](**desc["init"])
-    if desc.get("dtype"):
-        model = model.to(getattr(torch, desc["dtype"]))
-    with torch.no_grad():
-        for name, ref in desc["state"].items():
-            model.get_parameter(name).copy_(wire.tensor(arrays, ref))
-    _record_calls(model)
-    return model.eval()
+class _Tensors:
+    """The arrays of a call, as tensors, by key."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def __getitem__(self, key):
+        return wire.tensor(self.arrays, key)
 
 
-_MODEL_CALLS = []  # this probe's calls of its model arguments' methods, for the judge (plain data)
-RECORDED_METHODS = ("forward", "encode", "decode")
-
-
-def _record_calls(model):
-    """Note every call of the model's forward, encode, decode and out, with the batch rows it got."""
-    def rows(args, kwargs):
-        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        return int(first.shape[0]) if first is not None and first.dim() else None
-
-    def wrap(name, method):
-        def recorded(*args, **kwargs):
-            _MODEL_CALLS.append({"method": name, "rows": rows(args, kwargs)})
-            return method(*args, **kwargs)
-        return recorded
-
-    for name in RECORDED_METHODS:
-        if callable(getattr(model, name, None)):
-            object.__setattr__(model, name, wrap(name, getattr(model, name)))  # instance attribute
-    out = getattr(model, "out", None)
-    if isinstance(out, torch.nn.Module):
-        out.register_forward_pre_hook(
-            lambda module, args: _MODEL_CALLS.append({"method": "out", "rows": rows(args, {})}))
+def _stand_ins(call, ns, client):
+    """Put the given exercises' stand-ins in ``ns``; what they replaced, to put back."""
+    saved = {}
+    for name, info in ((call.get("deps") or {}).get("given") or {}).items():
+        saved[name] = ns.get(name, _MISSING)
+        if info.get("kind") == "class":
+            ns[name] = standin.module_class(client, name, info.get("methods", ["forward"]))
+        else:
+            ns[name] = standin.function(client, name)
+    return saved
 
 
 def _error_text(err):
@@ -104,19 +87,19 @@ WAITING_FACTOR = 3
 _TIMERS = ((signal.ITIMER_PROF, signal.SIGPROF, 1), (signal.ITIMER_REAL, signal.SIGALRM, WAITING_FACTOR))
 
 
-def call_one(probe, arrays, ns, writer):
-    """Call the submitted code in ``ns`` on one probe (a ``wire`` call); the result (a ``wire`` result)."""
+def call_one(probe, arrays, ns, writer, connect=None):
+    """Call the submitted code in ``ns`` on one probe (a ``wire`` call); the result (a ``wire`` result).
+
+    connect: address -> the stand-in client (``standin.Client``, the kernel's socket; in the
+    grader's tools, a client answered in that process)."""
     result = {"status": "ok"}
-    deps_saved = {}
-    deps = probe.get("deps") or {}
-    if deps:
-        env = {"__name__": "attn_reference_dependency"}
-        exec(compile(deps["source"], "<reference dependencies>", "exec"), env)
-        for name in deps["names"]:
-            deps_saved[name] = ns.get(name, _MISSING)
-            ns[name] = env[name]
+    client = (connect or standin.Client)(probe["standins"]) if probe.get("standins") else None
+    deps_saved = _stand_ins(probe, ns, client) if client is not None else {}
+    tensors = _Tensors(arrays)
+
+    def build_model(desc, _arrays):
+        return standin.model(client, desc["tree"], tensors, desc["handle"])
     recorder = _Recorder()
-    _MODEL_CALLS.clear()
     limit = float(probe.get("time_limit", 10))
     handlers = [signal.signal(number, _on_alarm) for _, number, _ in _TIMERS]
     for timer, _, factor in _TIMERS:
@@ -125,8 +108,8 @@ def call_one(probe, arrays, ns, writer):
         target = ns.get(probe["target"], _MISSING)
         if target is _MISSING:
             return {"status": "missing"}
-        args = [wire.decode_value(a, arrays, _model) for a in probe["args"]]
-        kwargs = {k: wire.decode_value(v, arrays, _model) for k, v in probe["kwargs"].items()}
+        args = [wire.decode_value(a, arrays, build_model) for a in probe["args"]]
+        kwargs = {k: wire.decode_value(v, arrays, build_model) for k, v in probe["kwargs"].items()}
         for i in probe.get("grad_args", []):
             args[i].requires_grad_(True)
         params = {}
@@ -148,8 +131,6 @@ def call_one(probe, arrays, ns, writer):
         with recorder:
             out = target(*args, **kwargs)
         result["seconds"] = time.perf_counter() - started
-        if wire.has_model_argument(probe):
-            result["model_calls"] = list(_MODEL_CALLS)
         result["output"] = writer.put(out)
         # The inputs as they are after the call: the grader compares them with what it sent.
         result["inputs_after"] = [writer.put(a) if isinstance(a, (torch.Tensor, torch.nn.Module)) else None
@@ -182,6 +163,8 @@ def call_one(probe, arrays, ns, writer):
                 ns.pop(name, None)
             else:
                 ns[name] = saved
+        if client is not None:
+            client.close()
     result["torch_functions"] = sorted(recorder.names)
     return result
 

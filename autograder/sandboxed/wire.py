@@ -6,8 +6,9 @@ its arguments, each value encoded as
 * ``{"t": key}``: a tensor, stored under ``key`` in the arrays (``.npz``);
 * ``{"v": value}``: a plain JSON value;
 * ``{"d": {name: value}}``: a dict of encoded values; a list stays a list of encoded values;
-* ``{"m": {"name", "init", "dtype", "source", "state"}}``: a model argument, the reference
-  class built again in the kernel with the given parameters (``ModelArg``).
+* ``{"m": {"handle", "tree"}}``: a model argument (``ModelArg``): a tree of its parameters and
+  buffers by name (tensors in the arrays), built in the kernel as a stand-in whose methods the
+  grader answers (``standin``): no line of the reference crosses.
 
 Kernel -> grader, one **result** per probe: ``{"status": "ok" | "error" | "timeout" | "missing",
 ...}``, its returned values described by ``{"kind": ...}`` (``Writer``): ``tensor`` (data in
@@ -31,7 +32,7 @@ MAX_ELEMENTS = 2_000_000  # a returned tensor larger than this is not copied bac
 
 @dataclasses.dataclass
 class ModelArg:
-    """A module argument: the reference class ``name`` with given parameters, built again in the kernel."""
+    """A module argument: the reference class ``name`` with given parameters; in the kernel, a stand-in."""
     name: str
     init: dict
     state: dict  # parameter name -> tensor
@@ -42,11 +43,16 @@ class ModelArg:
         return copy.deepcopy(self.module)
 
 
-def encode_call(index: int, probe, deps: dict, arrays: dict, model_source=None) -> dict:
+def encode_call(index: int, probe, deps: dict, arrays: dict, describe_model=None, standins=None) -> dict:
     """One probe as the kernel reads it (``attn_probe``); its tensors go into ``arrays``.
 
-    model_source: name -> source of a reference class, for model arguments (``ModelArg``).
+    describe_model: ``(module, put) -> tree``, a model argument as a stand-in tree whose tensors
+    ``put`` stores (``autograder.standins.describe``); its handle is ``m<probe>.<n>``, the n-th
+    model argument of the probe (``standins.model_arguments``). standins: the address of the
+    stand-in socket, for a call with dependencies or model arguments.
     """
+    models = []
+
     def enc(value):
         if isinstance(value, torch.Tensor):
             key = f"p{index}_{len(arrays)}"
@@ -57,14 +63,17 @@ def encode_call(index: int, probe, deps: dict, arrays: dict, model_source=None) 
         if isinstance(value, dict):
             return {"d": {str(k): enc(v) for k, v in value.items()}}
         if isinstance(value, ModelArg):
-            return {"m": {"name": value.name, "init": value.init, "dtype": value.dtype,
-                          "source": model_source(value.name),
-                          "state": {k: enc(v)["t"] for k, v in value.state.items()}}}
+            models.append(value)
+            return {"m": {"handle": f"m{index}.{len(models) - 1}",
+                          "tree": describe_model(value.module, lambda t: enc(t)["t"])}}
         return {"v": value}
+    args = [enc(a) for a in probe.args]
+    kwargs = {k: enc(v) for k, v in probe.kwargs.items()}
     return {
+        "standins": standins if (deps or models) else None,
         "target": probe.target,
-        "args": [enc(a) for a in probe.args],
-        "kwargs": {k: enc(v) for k, v in probe.kwargs.items()},
+        "args": args,
+        "kwargs": kwargs,
         "init": probe.init,
         "state": {k: enc(v)["t"] for k, v in (probe.state or {}).items()},
         "grad_args": list(probe.grad_args),
