@@ -174,8 +174,12 @@ def install_mathjax(feedback_folder: Path) -> bool:
 
 
 def write_page(folder: Path, name: str | Path, page: str) -> Path:
-    """PAGE written at FOLDER/NAME (complete or not at all), with MathJax installed once in FOLDER."""
+    """PAGE written at FOLDER/NAME (complete or not at all), with MathJax installed once in FOLDER;
+    ValueError for a NAME that would put it anywhere else (``..``, an absolute path, a link out)."""
     target = Path(folder) / name
+    resolved_folder = Path(folder).resolve()
+    if Path(name).is_absolute() or resolved_folder not in target.resolve().parents:
+        raise ValueError(f"a feedback page must stay inside {folder}: {str(name)[:200]!r}")
     target.parent.mkdir(parents=True, exist_ok=True)
     install_mathjax(folder)  # the pages' math, offline
     partial = target.with_name(f".{target.name}-{os.getpid()}")

@@ -29,6 +29,8 @@ class Ledger:
                     entry = json.loads(line)
                 except ValueError:
                     continue  # a line cut short by a kill: that submission is regraded
+                if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("student", "chapter")):
+                    continue  # not a line this ledger writes (a shard's ledger is read by merge too)
                 latest[f"{entry['student']}/{entry['chapter']}"] = entry
         return latest
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import unicodedata
 from pathlib import Path
 
 from coursekit.nbgrader_course import gradebook
@@ -10,7 +12,7 @@ from .. import feedback
 from ..chapters import known
 from . import class_report
 from .export import export
-from .folders import class_folder
+from .folders import class_folder, id_problem, shown
 from .ledger import Ledger
 from .record import ensure_gradebook, store
 
@@ -22,6 +24,7 @@ def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> in
     """
     infos = known()
     target = class_folder(target, "--into")
+    target.mkdir(parents=True, exist_ok=True)  # a new class folder, as grade-class makes one
     submitted = Path(submitted) if submitted else target / "submitted"
     count = 0
     for shard in map(Path.resolve, map(Path, shards)):
@@ -29,6 +32,10 @@ def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> in
         ensure_gradebook(target, [infos[c] for c in sorted({e["chapter"] for e in entries.values()}) if c in infos])
         scores = _gradebook_scores(shard)
         for entry in entries.values():
+            refused = _refused(entry, infos)
+            if refused:  # a shard's ledger is a file like any other: its names touch paths only once checked
+                print(f"merge: {shard.name}: entry skipped: {refused}", file=sys.stderr)
+                continue
             key = (entry["student"], entry["chapter"])
             if key in scores:  # the shard's gradebook is the record of its scores
                 entry = {**entry, "tests": scores[key]}
@@ -45,6 +52,17 @@ def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> in
     export(target)
     class_report.write(target, submitted)
     return count
+
+
+def _refused(entry: dict, infos) -> str | None:
+    """Why a ledger entry's student or chapter cannot name a path in the class folder, or None."""
+    student, chapter = entry.get("student"), entry.get("chapter")
+    if chapter not in infos:
+        return f"chapter {shown(str(chapter))} is not one of the course's"
+    if not isinstance(student, str) or student != unicodedata.normalize("NFC", student).strip():
+        return f"student {shown(str(student))} is not a student id"
+    problem = id_problem(student)
+    return f"student {shown(student)} cannot be a student id: {problem}" if problem else None
 
 
 def _gradebook_scores(folder: Path) -> dict:
