@@ -97,7 +97,14 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
     private: more folders an unsandboxed kernel's audit hook keeps it from reading.
     slot: a kernel started earlier (``KernelSlot``); it is used up either way.
     """
-    from .submission import load
+    from .submission import SubmissionError, load
+    if not isinstance(student, str) or not student.strip() or student.startswith(".") \
+            or "/" in student or "\\" in student or "\0" in student:
+        # the id names folders of the scratch course: nothing may lead out of it
+        if slot is not None:
+            slot.close()
+        raise SubmissionError(f"student {student!r:.80} cannot be a student id (a path separator, a "
+                              "leading dot or an empty name)")
     loaded = None
     if slot is None:
         # A file that is not a gradable notebook is refused before a kernel starts for it (in

@@ -42,3 +42,12 @@ def test_write_page_refuses_a_name_out_of_its_folder(tmp_path, name):
     with pytest.raises(ValueError, match="must stay inside"):
         feedback.write_page(tmp_path / "feedback", name, "<html></html>")
     assert not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.parametrize("student", ["/tmp/absolute", "../../x", ".hidden", "", "a\\b"])
+def test_grade_refuses_a_student_id_that_leads_out_of_its_scratch_course(tmp_path, student):
+    """The Python call, not only the command line: the id names folders of the scratch course."""
+    from autograder.grading import grade
+    from autograder.submission import SubmissionError
+    with pytest.raises(SubmissionError, match="cannot be a student id"):
+        grade(tmp_path / "02_self_attention.ipynb", student=student)
