@@ -83,6 +83,10 @@ class Cgroup:
         except (OSError, ValueError, IndexError):
             return None
 
+    def watch_peak(self) -> "PeakWatch":
+        """Start measuring how far the group's memory rises from now (``PeakWatch.rise``)."""
+        return PeakWatch(self.folders["memory"], self.version)
+
     def _events(self, controller: str, name: str) -> dict[str, int]:
         try:
             text = (self.folders[controller] / name).read_text()
@@ -121,6 +125,125 @@ class Cgroup:
                         break
                     self.kill()
                     time.sleep(0.05)
+
+
+class PeakWatch:
+    """How far one group's memory rose above what it held when the watch began, read by the grader
+    from the group's own files (every process of the sandbox, the children that have already
+    ended and the tmpfs pages of ``/tmp`` and ``/dev/shm`` included; no process inside can reach
+    these files: the sandbox mounts no cgroupfs).
+
+    * v1: the group's ``memory.max_usage_in_bytes`` is reset to its current usage (a write of 0);
+    * v2 on Linux >= 6.12: ``memory.peak`` reset for the watch's own descriptor (a write to it);
+    * older v2: ``memory.peak`` is the group's lifetime peak. A new lifetime peak is exact; below
+      the old one, a thread samples ``memory.current`` every ``SAMPLE_SECONDS`` meanwhile.
+    """
+
+    SAMPLE_SECONDS = 0.002
+
+    def __init__(self, folder: Path, version: int):
+        self.folder, self.version = folder, version
+        self._fd: int | None = None
+        self._sampler = None
+        if version == 1:
+            try:
+                (folder / "memory.max_usage_in_bytes").write_text("0")
+                self._peak_file = "memory.max_usage_in_bytes"
+            except OSError:
+                self._peak_file = None
+            self.before = self._read("memory.usage_in_bytes")
+            return
+        self._peak_file = "memory.peak"
+        try:
+            self._fd = os.open(folder / "memory.peak", os.O_RDWR)
+            os.write(self._fd, b"reset\n")
+        except OSError:  # before 6.12 the file is read-only: sample beside the lifetime peak
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = None
+            self._lifetime = self._read("memory.peak")
+            try:
+                self._sampler = _Sampler(folder / "memory.current", self.SAMPLE_SECONDS)
+            except OSError:
+                self._peak_file = None
+        self.before = self._read("memory.current")
+
+    @property
+    def works(self) -> bool:
+        """Whether this group's files give a measurement (else the caller measures another way)."""
+        return self.before is not None and (self._fd is not None or self._sampler is not None or
+                                            self._peak_file is not None)
+
+    def rise(self) -> int | None:
+        """Bytes the group's peak rose above its memory at the start (None where it cannot say);
+        the watch ends."""
+        try:
+            if self.before is None:
+                return None
+            if self._fd is not None:
+                peak = _number(os.pread(self._fd, 64, 0))
+            elif self._sampler is not None:
+                sampled, lifetime = self._sampler.stop(), self._read("memory.peak")
+                # A new lifetime peak was reached during the watch: it is the watch's peak.
+                peak = lifetime if lifetime is not None and self._lifetime is not None and \
+                    lifetime > self._lifetime else sampled
+            else:
+                peak = self._read(self._peak_file) if self._peak_file else None
+            return None if peak is None else max(peak - self.before, 0)
+        except OSError:
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    def _read(self, name: str) -> int | None:
+        try:
+            return _number((self.folder / name).read_bytes())
+        except OSError:
+            return None
+
+
+class _Sampler:
+    """The highest value of one cgroup file, read every INTERVAL seconds in a thread of its own."""
+
+    def __init__(self, path: Path, interval: float):
+        import threading
+        self.highest: int | None = None
+        self._done = threading.Event()
+        self._fd = os.open(path, os.O_RDONLY)
+        self._read()
+        self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        value = _number(os.pread(self._fd, 64, 0))
+        if value is not None and (self.highest is None or value > self.highest):
+            self.highest = value
+
+    def _loop(self, interval):
+        while not self._done.wait(interval):
+            self._read()
+
+    def stop(self) -> int | None:
+        if not self._done.is_set():
+            self._done.set()
+            self._thread.join()
+            self._read()
+            os.close(self._fd)
+        return self.highest
+
+
+def _number(data: bytes) -> int | None:
+    try:
+        return int(data.split()[0])
+    except (ValueError, IndexError):
+        return None
 
 
 def _pids(folder: Path) -> list[int]:

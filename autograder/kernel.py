@@ -138,8 +138,25 @@ class GradingKernelManager(AsyncKernelManager):
         except (psutil.Error, AttributeError, TypeError):
             return []
 
+    @property
+    def memory_measure(self) -> str:
+        """How ``peak_memory_rise`` measures: the sandbox's cgroup ('cgroup v1', 'cgroup v2'), or
+        'VmHWM' (the peak resident memory of the kernel's processes that are still running, from
+        /proc: no tmpfs pages, no ended children) where the machine gives the sandbox no cgroup."""
+        return getattr(self, "_memory_measure", None) or (self.cgroup.enforcement if self.cgroup is not None
+                                                          else "VmHWM")
+
     def reset_peak_memory(self) -> None:
-        """Reset the kernel's peak-RSS counters (VmHWM) and note its memory now."""
+        """Start measuring the sandbox's peak memory from now: its cgroup's peak (every process,
+        children that end, tmpfs pages), reset from outside; else each process's VmHWM."""
+        watch = getattr(self, "_peak_watch", None)
+        if watch is not None:
+            watch.close()
+        self._peak_watch = self.cgroup.watch_peak() if self.cgroup is not None else None
+        if self._peak_watch is not None and self._peak_watch.works:
+            self._memory_measure = self.cgroup.enforcement
+            return
+        self._peak_watch, self._memory_measure = None, "VmHWM"
         self._memory_before = 0
         for proc in self._processes():
             try:
@@ -150,7 +167,10 @@ class GradingKernelManager(AsyncKernelManager):
                 pass
 
     def peak_memory_rise(self) -> int | None:
-        """How far the sandbox's peak resident memory rose above its memory at the reset."""
+        """How far the sandbox's peak memory rose above its memory at the reset (None: not measured)."""
+        watch, self._peak_watch = getattr(self, "_peak_watch", None), None
+        if watch is not None:
+            return watch.rise()
         peak = 0
         for proc in self._processes():
             try:
