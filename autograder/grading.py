@@ -151,15 +151,16 @@ def _graded(session, work, kernel, nb, info, student, feedback, keep_course):
     from .execute import GuardedExecute
     from .judged_grades import Judgement
     from .report import Report
-    from .static_check import static_builtin_use
+    from .static_check import static_builtin_use, substituted_dependencies
     from .submission import repaired
     from .template import course_template
 
-    static = static_builtin_use(nb, session.hidden.from_scratch)
     template = course_template(info)
     course = work / "course"
     shutil.copytree(template, course)
     release = nbformat.read(template / "release" / info.name / f"{info.name}.ipynb", as_version=4)
+    # every cell the learner can edit or add, told from the release's own cells
+    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
     clean, repairs = repaired(nb, release)
     submitted = course / "submitted" / student / info.name
     submitted.mkdir(parents=True)

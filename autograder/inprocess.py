@@ -252,7 +252,7 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
 
     from .judge.cells import judge
     from .report import Report
-    from .static_check import static_builtin_use
+    from .static_check import static_builtin_use, substituted_dependencies
     from .submission import load, repaired
 
     import torch
@@ -263,7 +263,8 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
     session = _Session(info) if fresh else prepared
     session.prepared = False  # one notebook per session: a second would find this one's state
     release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
-    static = static_builtin_use(nb, session.hidden.from_scratch)
+    # every cell the learner can edit or add, told from the release's own cells
+    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
     clean, repairs = repaired(nb, release)
     instructor = nbformat.read(info.instructor_notebook, as_version=4)
     restored = {C.grade_id(c): c.source for c in instructor.cells if C.is_test_cell(c)}

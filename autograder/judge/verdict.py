@@ -59,6 +59,9 @@ def _not_run(probe, got, where) -> list:
 
 
 def _builtin_use(probe, got, builtin_names) -> list:
+    """What the kernel says it called (its torch functions, the exercise's submodules): a second way
+    to lose the marks, never a way to earn them. A kernel can leave a name out or forge the whole
+    record; what must catch a built-in is the static check (``static_check``), which reads the code."""
     used = sorted(ATTENTION_BUILTINS[n] for n in set(got.get("torch_functions", [])) & set(ATTENTION_BUILTINS))
     # The exercise's own class may share a built-in's name (Chapter 5's `Transformer`): not a use of it.
     used += sorted(f"nn.{m}" for m in (set(got.get("submodules", [])) - {probe.target}) & BUILTIN_MODULES)
