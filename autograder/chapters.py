@@ -35,6 +35,11 @@ class ChapterInfo:
         return _instructor(self.instructor_notebook).exercises
 
     @property
+    def written(self) -> dict[str, float]:
+        """Written answers (markdown answer cells graded by hand), in notebook order, with their points."""
+        return _instructor(self.instructor_notebook).written
+
+    @property
     def hidden_lines(self) -> frozenset[str]:
         """Every non-empty line of the hidden parts of test cells (to keep out of feedback)."""
         return _instructor(self.instructor_notebook).hidden_lines
@@ -48,6 +53,7 @@ class _Instructor:
     tests: dict
     exercises: list
     hidden_lines: frozenset
+    written: dict  # grade id -> points of each written answer, graded by hand
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,9 +61,9 @@ def _read(path: Path, mtime: float) -> _Instructor:
     import nbformat
     nb = nbformat.read(path, as_version=4)
     tests = {C.grade_id(c): C.points(c) for c in nb.cells if C.is_test_cell(c)}
-    exercises = [C.grade_id(c) for c in nb.cells if C.is_answer_cell(c)]
+    exercises = [C.grade_id(c) for c in nb.cells if C.is_exercise_cell(c)]
     hidden = frozenset(line.strip() for c in nb.cells for line in C.split_hidden(c.source)[1] if line.strip())
-    return _Instructor(tests, exercises, hidden)
+    return _Instructor(tests, exercises, hidden, C.written_points(nb))
 
 
 def _instructor(path: Path) -> _Instructor:

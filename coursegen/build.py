@@ -39,6 +39,9 @@ def _nbgrader_meta(cell) -> dict | None:
     if cell.kind == "test":
         return {"grade": True, "solution": False, "locked": True, "task": False,
                 "grade_id": cell.name, "points": cell.points, "schema_version": 3}
+    if cell.kind == "written":  # nbgrader's manually graded answer: generate_assignment leaves its prompt
+        return {"grade": True, "solution": True, "locked": False, "task": False,
+                "grade_id": cell.name, "points": cell.points, "schema_version": 3}
     return None
 
 
@@ -60,7 +63,7 @@ def instructor_notebook(chapter: Chapter, language: str = SOURCE_LANGUAGE) -> nb
     for cell in chapter.cells:
         if cell.kind == "hidden":
             continue
-        if cell.kind == "markdown":
+        if cell.kind in ("markdown", "written"):
             new = nbformat.v4.new_markdown_cell(cell.source)
         else:
             source = cell.source
@@ -149,7 +152,7 @@ def translated_chapter(chapter: Chapter, language: str) -> Chapter:
     notes = note_for(chapter, language)
 
     def cell_in(index, cell):
-        if cell.kind == "hidden":
+        if cell.kind in ("hidden", "written"):  # a written answer's model answer and rubric: instructor-only
             return cell
         if cell.kind == "markdown":
             source = translate_markdown(cell.source, found)

@@ -342,6 +342,8 @@ def units(kind: str, source: str, labels: frozenset[str] = frozenset()) -> list[
     """(msgid, unit kind) of one cell, in order; unit kinds: markdown, string, docstring, comment."""
     if kind == "markdown":
         return [(b, "markdown") for b in markdown_blocks(source) if is_prose(b)]
+    if kind == "written":  # all of it a solution region (model answer, rubric): kept out of catalogs
+        return []
     return [(s.text, s.kind) for s in code_spans(source, kind, labels)]
 
 
@@ -363,7 +365,7 @@ def chapter_labels(cells) -> frozenset[str]:
     """
     trees, graded = [], set()
     for cell in cells:
-        if cell.kind == "markdown":
+        if cell.kind in ("markdown", "written"):
             continue
         try:
             tree = ast.parse(cell.source)

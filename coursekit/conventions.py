@@ -112,6 +112,53 @@ def is_answer_cell(cell) -> bool:
     return _nbgrader_dict(cell) and is_solution(cell) and bool(grade_id(cell))
 
 
+def is_written_cell(cell) -> bool:
+    """An nbgrader manually graded answer: a markdown answer cell the learner writes, graded by hand.
+
+    It is an answer cell too (``is_answer_cell``: a submission keeps the learner's text), but no
+    exercise: the judge never scores it, and its points are outside the automatic score."""
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return (cell.get("cell_type") == "markdown" and isinstance(meta, dict) and bool(meta.get("solution"))
+            and bool(meta.get("grade")) and bool(grade_id(cell)))
+
+
+def is_exercise_cell(cell) -> bool:
+    """An answer cell of code: an exercise, graded automatically by its test cells."""
+    return cell.get("cell_type") == "code" and is_answer_cell(cell)
+
+
+def written_points(nb) -> dict[str, float]:
+    """grade id -> points of each written answer (graded by hand) of a notebook, in order."""
+    return {grade_id(c): points(c) for c in nb.cells if is_written_cell(c)}
+
+
+def written_answers(nb) -> dict[str, dict]:
+    """grade id -> ``{"max_score": points, "answered": bool}`` of each written answer of a submission.
+
+    Unanswered is nbgrader's rule: the cell's checksum (set when the chapter was released) still
+    matches, i.e. the prompt is unchanged; nbgrader then scores it 0 itself and asks no grader."""
+    from nbgrader.utils import compute_checksum
+    found = {}
+    for cell in nb.cells:
+        if is_written_cell(cell):
+            checksum = cell.metadata["nbgrader"].get("checksum")
+            found[grade_id(cell)] = {"max_score": points(cell),
+                                     "answered": checksum is None or checksum != compute_checksum(cell)}
+    return found
+
+
+def written_in_table(grade: dict) -> tuple[float, float, str]:
+    """(score, max_score, note) of a written answer in a table of scores, from its gradebook grade
+    (``{"score", "max_score", "manual", "needs_manual_grade"}``): its points count once a person
+    has scored it, and until then it is neither scored nor lost."""
+    top = f"{grade['max_score']:g}"
+    if grade["manual"]:
+        return grade["score"], grade["max_score"], "scored by hand"
+    if grade["needs_manual_grade"]:
+        return 0.0, 0.0, f"to be graded by hand ({top} points)"
+    return 0.0, 0.0, f"not answered (nbgrader scores it 0 / {top} until a grader scores it)"
+
+
 def points(cell) -> float:
     return float(cell.metadata["nbgrader"]["points"])
 

@@ -16,7 +16,7 @@ from .conventions import (COURSE_DIR, HIDDEN_BEGIN, SOLUTION_BEGIN, SOLUTION_END
                           reference_module)
 
 _HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
-KINDS = {"markdown", "code", "export", "exercise", "test", "hidden", "include"}
+KINDS = {"markdown", "code", "export", "exercise", "test", "written", "hidden", "include"}
 INCLUDED_NOTE = "# {title}'s code, unchanged (copied from {chapter} when the course is generated)"
 
 
@@ -61,7 +61,7 @@ def _parse_header(body: str | None, line: int) -> Cell:
     if kind not in KINDS:
         raise SourceError(f"line {line}: unknown cell kind {kind!r}")
     cell = Cell(kind=kind, source="", line=line)
-    if kind in ("exercise", "test", "include"):
+    if kind in ("exercise", "test", "written", "include"):
         if not words or "=" in words[0]:
             raise SourceError(f"line {line}: a {kind} cell needs a name")
         cell.name = words.pop(0)
@@ -69,14 +69,14 @@ def _parse_header(body: str | None, line: int) -> Cell:
         key, _, value = word.partition("=")
         if key == "name" and kind in ("code", "export"):
             cell.name = value
-        elif key == "points" and kind == "test":
+        elif key == "points" and kind in ("test", "written"):
             cell.points = float(value)
         elif key == "tags":
             cell.tags = tuple(t for t in value.split(",") if t)
         else:
             raise SourceError(f"line {line}: unknown option {word!r}")
-    if kind == "test" and cell.points is None:
-        raise SourceError(f"line {line}: test cell {cell.name} needs points=N")
+    if kind in ("test", "written") and cell.points is None:
+        raise SourceError(f"line {line}: {kind} cell {cell.name} needs points=N")
     return cell
 
 
@@ -85,7 +85,7 @@ def _finish(cell: Cell, lines: list[str]) -> Cell:
         lines.pop()
     while lines and not lines[0].strip():
         lines.pop(0)
-    if cell.kind == "markdown":
+    if cell.kind in ("markdown", "written"):  # a written answer is markdown too
         body = []
         for text in lines:
             if text.strip() == "#":
@@ -153,6 +153,14 @@ def _validate(chapter: Chapter) -> None:
             begins, ends = cell.source.count(SOLUTION_BEGIN), cell.source.count(SOLUTION_END)
             if begins == 0 or begins != ends:   # a class may have one region per method
                 raise SourceError(f"{where}: exercise {cell.name} needs solution regions, each begun and ended")
+        elif cell.kind == "written":
+            lines = [line.strip() for line in cell.source.splitlines()]
+            if not lines or lines[0] != SOLUTION_BEGIN or lines[-1] != SOLUTION_END or \
+                    lines.count(SOLUTION_BEGIN) != 1 or lines.count(SOLUTION_END) != 1:
+                raise SourceError(f"{where}: written answer {cell.name} is one solution region "
+                                  "(its model answer and rubric), from its first line to its last")
+            if "Rubric" not in cell.source:
+                raise SourceError(f"{where}: written answer {cell.name} needs a rubric ('Rubric' and its points)")
         elif SOLUTION_BEGIN in cell.source or HIDDEN_BEGIN in cell.source:
             raise SourceError(f"{where}: markers belong in exercise cells only")
         if cell.kind == "test" and exercise_of(cell.name, chapter.exercises) is None:
