@@ -381,10 +381,10 @@ class LearnerCell:
 
 def learner_cells(nb, release) -> list[LearnerCell]:
     """The cells of the submission NB that run as the learner wrote them, as ``submission.repaired``
-    keeps them: an answer cell of the RELEASE (its first copy, whatever its type now), every code
-    cell that is no course cell of the release (added, a duplicate, given code with its metadata
-    changed, the unlocked imports cell); not the release's other course cells (restored from it)
-    nor given demo cells (dropped)."""
+    keeps them: a code answer cell of the RELEASE (its first copy, whatever its type now), every
+    code cell that is no course cell of the release (added, a duplicate, given code with its
+    metadata changed, the unlocked imports cell); not the release's other course cells (restored
+    from it, or written answers: prose), nor given demo cells (dropped)."""
     course = {C.grade_id(c): c for c in release.cells if C.grade_id(c)}
     seen, cells = set(), []
     for number, cell in enumerate(nb.cells, 1):
@@ -395,7 +395,7 @@ def learner_cells(nb, release) -> list[LearnerCell]:
         released = course.get(grade_id)
         if released is not None and grade_id not in seen:
             seen.add(grade_id)
-            if C.is_answer_cell(released):
+            if C.is_answer_cell(released) and released.cell_type == "code":
                 cells.append(LearnerCell(number, source, grade_id))
             continue
         if released is not None and C.is_test_cell(released):
