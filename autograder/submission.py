@@ -49,14 +49,24 @@ def load(path: Path, chapter: str | None = None):
         raise SubmissionError(
             f"{path.name}: cannot tell which chapter this is (file name or metadata "
             f"course.chapter should be one of: {', '.join(chapters) or 'none'})")
+    own = _metadata_chapter(nb)
+    if own in chapters and own != name:  # a notebook of another chapter, handed in (or filed) as this one
+        raise SubmissionError(
+            f"{path.name}: a notebook of {own} (its metadata course.chapter), not of {name}; "
+            f"not graded as {name}")
     return nb, dataclasses.replace(chapters[name], language=C.language_of(nb))
+
+
+def _metadata_chapter(nb) -> str | None:
+    meta = nb.metadata.get("course", {})
+    own = meta.get("chapter") if isinstance(meta, dict) else None
+    return own if isinstance(own, str) else None
 
 
 def _chapter_name(path: Path, nb, chapters) -> str | None:
     if path.stem in chapters:
         return path.stem
-    meta = nb.metadata.get("course", {})
-    return meta.get("chapter") if isinstance(meta, dict) else None
+    return _metadata_chapter(nb)
 
 
 def repaired(nb, release):

@@ -103,6 +103,11 @@ def collect(source: Path, course: Path, chapter: str | None = None) -> list[Outc
         if isinstance(item, str):
             outcomes.append(Outcome(rel, "skipped", f"skipped: {item}"))
             continue
+        own = _chapter_from_metadata(path)
+        if isinstance(own, str) and own in chapters and own != item.chapter:  # the grader would refuse it too
+            outcomes.append(Outcome(rel, "refused", f"refused: a notebook of {own} (its metadata course.chapter), "
+                                                    f"not of {item.chapter}"))
+            continue
         found.append(item)
     found = _one_person_per_name(found, outcomes)
     groups: dict[tuple[str, str], list[_File]] = {}

@@ -175,13 +175,19 @@ def fingerprint(source: str, base: Fingerprint | None = None) -> Fingerprint:
     return fp
 
 
-def answer_cells(path: Path) -> dict[str, str]:
-    """grade_id -> source of the notebook's answer (nbgrader solution) cells; {} if unreadable."""
+def answer_cells(path: Path, chapter: str | None = None) -> dict[str, str]:
+    """grade_id -> source of the notebook's answer (nbgrader solution) cells; {} if unreadable, or if
+    its metadata names a chapter other than CHAPTER (the grader refuses such a notebook)."""
     try:
         raw = json.loads(Path(path).read_bytes().decode("utf-8"))
         cells = raw.get("cells", []) if isinstance(raw, dict) else []
-    except (OSError, UnicodeDecodeError, ValueError):
+        own = raw.get("metadata", {}).get("course", {}).get("chapter") if chapter else None
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return {}
+    if isinstance(own, str) and own != chapter:
+        from coursekit.conventions import chapter_names
+        if own in chapter_names():
+            return {}
     found = {}
     for cell in cells:
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
@@ -279,7 +285,7 @@ def class_cells(submitted: Path, chapter: str, students: list[str] | None = None
             continue
         notebooks = sorted(folder.glob("*.ipynb"))
         if notebooks:
-            out[folder.parent.name] = answer_cells(notebooks[0])
+            out[folder.parent.name] = answer_cells(notebooks[0], chapter)
     return out
 
 

@@ -1,0 +1,100 @@
+"""What an experienced nbgrader instructor found (issue 46, items 6, 8, 9 and 10), each as it was seen.
+
+6. A notebook of another chapter (its metadata ``course.chapter``) handed in as this one is refused
+   with one line by ``grade``, ``grade-class`` and ``collect``, and never joins the similarity report;
+   before, a Chapter 8 notebook in Chapter 2's folder scored 0/10 ("not defined") as Chapter 2.
+8. A class folder inside the checkout that git would stage is refused; the README's are ignored.
+9. A course-private seed (``ATTN_GRADER_PRIVATE_SEED``) gives every hidden test other inputs: a
+   correct notebook keeps full marks, answers that return the public probes' values lose.
+10. Outputs are left out before the 50 MiB limit (a 190 MiB notebook of outputs is graded), the
+    raw file has a limit of its own, and the Chinese feedback page has no nbgrader English labels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from class_runs import CHAPTER, cli, new_course
+from conftest import ROOT, grade_notebooks, submission
+
+OTHER = "08_modern_attention"
+
+
+def _written(nb, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+# ------------------------------------------------------------------ 6. another chapter's notebook
+def test_grade_refuses_a_notebook_of_another_chapter_in_one_line(tmp_path, capsys):
+    from autograder.__main__ import main
+    path = _written(submission(chapter=OTHER), tmp_path / f"{CHAPTER}.ipynb")  # renamed as Chapter 2
+    assert main(["grade", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"a notebook of {OTHER} (its metadata course.chapter), not of {CHAPTER}" in err[0], err
+    from autograder.submission import load
+    assert load(path, OTHER)[1].name == OTHER  # graded as its own chapter when asked (grade --chapter)
+
+
+def test_load_reads_the_chapter_as_before_when_the_metadata_agrees_or_names_none(tmp_path):
+    from autograder.submission import SubmissionError, load
+    nb = submission()
+    assert load(_written(nb, tmp_path / "a" / f"{CHAPTER}.ipynb"))[1].name == CHAPTER
+    assert load(_written(nb, tmp_path / "b" / "renamed.ipynb"))[1].name == CHAPTER  # from the metadata
+    nb.metadata.pop("course")
+    assert load(_written(nb, tmp_path / "c" / "renamed.ipynb"), CHAPTER)[1].name == CHAPTER
+    with pytest.raises(SubmissionError, match=f"not of {OTHER}"):
+        load(_written(submission(), tmp_path / "d" / f"{OTHER}.ipynb"))
+
+
+def test_collect_refuses_a_notebook_of_another_chapter(tmp_path):
+    from autograder.classroom.collect import collect
+    source, course = tmp_path / "download", tmp_path / "course"
+    _written(submission(chapter=OTHER), source / "ben" / CHAPTER / "ben.ipynb")  # nbgrader's layout
+    _written(submission(), source / "ada" / CHAPTER / "ada.ipynb")
+    outcomes = {o.source: o for o in collect(source, course)}
+    assert outcomes[f"ben/{CHAPTER}/ben.ipynb"].action == "refused"
+    assert f"a notebook of {OTHER} (its metadata course.chapter), not of {CHAPTER}" in \
+        outcomes[f"ben/{CHAPTER}/ben.ipynb"].detail
+    assert outcomes[f"ada/{CHAPTER}/ada.ipynb"].action == "collected"
+    flat = tmp_path / "flat"
+    _written(submission(chapter=OTHER), flat / "cleo.ipynb")
+    (outcome,) = collect(flat, course, CHAPTER)  # --chapter names Chapter 2
+    assert outcome.action == "refused" and f"not of {CHAPTER}" in outcome.detail
+    assert not (course / "submitted" / "ben").exists() and not (course / "submitted" / "cleo").exists()
+
+
+def test_similarity_leaves_out_a_notebook_of_another_chapter(tmp_path):
+    from autograder.classroom.similarity import class_cells
+    _written(submission(), tmp_path / "ada" / CHAPTER / f"{CHAPTER}.ipynb")
+    _written(submission(chapter=OTHER), tmp_path / "ben" / CHAPTER / f"{CHAPTER}.ipynb")
+    cells = class_cells(tmp_path, CHAPTER)
+    assert cells["ada"] and cells.get("ben") == {}  # no Chapter 8 exercise in Chapter 2's section
+
+
+@pytest.mark.pipeline
+def test_grade_class_refuses_a_notebook_of_another_chapter(tmp_path, released_class):
+    """As seen: Chapter 8's notebook in ben's Chapter 2 folder (nbgrader's own exchange puts it there,
+    collect never saw it)."""
+    course = new_course(tmp_path, released_class, students={"ada"})
+    _written(submission(chapter=OTHER), course / "submitted" / "ben" / CHAPTER / f"{CHAPTER}.ipynb")
+    proc = cli("grade-class", "--course", str(course), "--workers", "1")
+    ledger = {json.loads(line)["student"]: json.loads(line)
+              for line in (course / ".grading" / "ledger.jsonl").read_text().splitlines()}
+    reason = f"{CHAPTER}.ipynb: a notebook of {OTHER} (its metadata course.chapter), not of {CHAPTER}; " \
+             f"not graded as {CHAPTER}"
+    assert ledger["ada"]["status"] == "ok" and ledger["ada"]["score"] == 10
+    assert ledger["ben"]["status"] != "ok" and ledger["ben"]["reason"] == reason, ledger["ben"]
+    assert reason in proc.stderr and "is not defined" not in (course / "class-exercises.csv").read_text()
+    page = (course / "class-report.html").read_text()
+    ungraded = page.split("id='ungraded'", 1)[1].split("id='runs'", 1)[0]
+    assert "ben" in ungraded and f"a notebook of {OTHER}" in ungraded
+    assert "ben" not in (course / "class-similarity.csv").read_text()
+
+
