@@ -10,7 +10,11 @@ from coursekit import conventions as C
 from .chapters import ChapterInfo, known
 from .messages import msg
 
+# Two limits (README, "Grade one submission"): the notebook graded, its code cells' outputs left out
+# (grading never reads them: a notebook saved with its figures is graded without them), and the
+# file as submitted, outputs included, read whole into memory once.
 MAX_BYTES = 50 * 1024 * 1024
+MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
 class SubmissionError(Exception):
@@ -26,21 +30,28 @@ def load(path: Path, chapter: str | None = None):
     size = path.stat().st_size
     if size == 0:
         raise SubmissionError(f"{path.name}: the file is empty")
-    if size > MAX_BYTES:
-        raise SubmissionError(f"{path.name}: the file is {size // 2**20} MiB, over the 50 MiB limit")
+    if size > MAX_FILE_BYTES:
+        raise SubmissionError(
+            f"{path.name}: the file is {size // 2**20} MiB, over the {MAX_FILE_BYTES // 2**20} MiB limit on a "
+            "submitted file; clear its outputs (Edit > Clear Outputs of All Cells), save and submit it again")
     try:
         raw = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise SubmissionError(f"{path.name}: not a notebook (not valid JSON: {err})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
         raise SubmissionError(f"{path.name}: JSON but not a notebook (no list of cells)")
+    text = json.dumps(_without_outputs(raw))
+    if len(text) > MAX_BYTES:
+        raise SubmissionError(
+            f"{path.name}: its cells are {len(text) // 2**20} MiB without their outputs, over the "
+            f"{MAX_BYTES // 2**20} MiB limit (images pasted into markdown cells count)")
     major = raw.get("nbformat")
     if major != 4:
         raise SubmissionError(
             f"{path.name}: notebook format {major!r} is not supported; save it as nbformat 4 "
             "(any current Jupyter does)")
     try:
-        nb = nbformat.reads(json.dumps(raw), as_version=4)
+        nb = nbformat.reads(text, as_version=4)
     except Exception as err:  # noqa: BLE001 - nbformat raises many kinds
         raise SubmissionError(f"{path.name}: not a valid notebook ({str(err).splitlines()[0][:200]})") from None
     chapters = known()
@@ -55,6 +66,14 @@ def load(path: Path, chapter: str | None = None):
             f"{path.name}: a notebook of {own} (its metadata course.chapter), not of {name}; "
             f"not graded as {name}")
     return nb, dataclasses.replace(chapters[name], language=C.language_of(nb))
+
+
+def _without_outputs(raw: dict) -> dict:
+    """RAW (a notebook's JSON) with every code cell's outputs and execution count cleared, in place."""
+    for cell in raw["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    return raw
 
 
 def _metadata_chapter(nb) -> str | None:

@@ -98,3 +98,39 @@ def test_grade_class_refuses_a_notebook_of_another_chapter(tmp_path, released_cl
     assert "ben" not in (course / "class-similarity.csv").read_text()
 
 
+# ------------------------------------------------------------------ 10. size limits, Chinese labels
+def _with_outputs(nb, mib: int):
+    """NB with MIB MiB of PNG output on its first code cell (as a notebook saved with its figures)."""
+    blob = "A" * (2**20)
+    cell = next(c for c in nb.cells if c.cell_type == "code")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"image/png": blob, "text/plain": "<Figure>"})
+                    for _ in range(mib)]
+    return nb
+
+
+def test_outputs_are_left_out_before_the_limit_and_the_file_has_a_limit_of_its_own(tmp_path, monkeypatch):
+    from autograder import submission as S
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    path.write_text(json.dumps(_with_outputs(submission(), 60)))  # 60 MiB, nearly all outputs
+    nb, info = S.load(path)
+    assert info.name == CHAPTER and not any(c.get("outputs") for c in nb.cells)
+    monkeypatch.setattr(S, "MAX_FILE_BYTES", 40 * 2**20)
+    with pytest.raises(S.SubmissionError, match="the file is 60 MiB, over the 40 MiB limit on a submitted file; "
+                                                "clear its outputs"):
+        S.load(path)
+    monkeypatch.undo()
+    big = submission()
+    markdown = next(c for c in big.cells if c.cell_type == "markdown")
+    markdown.attachments = {"figure.png": {"image/png": "A" * (51 * 2**20)}}  # attachments stay: the cell shows them
+    path.write_text(json.dumps(big))
+    with pytest.raises(S.SubmissionError, match=r"its cells are 5\d MiB without their outputs, over the 50 MiB"):
+        S.load(path)
+
+
+@pytest.mark.pipeline
+def test_a_190_mib_notebook_of_outputs_is_graded_without_them(tmp_path):
+    """As seen: it scored 0 ("over the 50 MiB limit"); its code is that of full marks."""
+    (result,) = grade_notebooks({"outputs": _with_outputs(submission(), 190)}, tmp_path).values()
+    assert result.get("score") == 10, result
+
+

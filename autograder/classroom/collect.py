@@ -31,7 +31,7 @@ MOODLE_FOLDER = re.compile(r"(?P<name>.+)_(?P<user>\d+)_assignsubmission_file_?"
 MOODLE_FILE = re.compile(r"(?P<name>.+)_(?P<user>\d+)_assignsubmission_file_(?P<file>.+)")
 OLDER = ".older"  # submitted/<student>/<chapter>/.older/: the other files of that submission
 LOG = "collect-log.txt"  # in the course folder: every collect's lines, appended
-MAX_METADATA_BYTES = 50 * 2**20  # the grader's own limit on a notebook (submission.MAX_BYTES)
+MAX_METADATA_BYTES = 256 * 2**20  # the grader's own limit on a submitted file (submission.MAX_FILE_BYTES)
 NBGRADER_FOLDERS = ("source", "release", "submitted", "autograded", "feedback")
 LAYOUTS = ("not in a layout collect reads (<student>/<chapter>/<notebook>.ipynb, <student>.ipynb, "
            "or a Canvas or Moodle download, at the top of the folder collected)")
