@@ -1392,17 +1392,32 @@ plt.show()
 #    fixed context fell exponentially with the distance, and through attention it stayed
 #    flat.
 #    :::
-#
+
+# %% [markdown]
 # 5. The attention weights of the date model put little weight on the weekday. Does
 #    that prove the model ignores the weekday?
 #
-#    :::{dropdown} Answer
-#    No. The encoder is bidirectional, so every annotation $h_j$ carries information
-#    from its neighbours, possibly including the weekday; a small weight on the
-#    weekday's characters does not mean none of its information arrives. Attention maps
-#    show where the decoder read, not which input information caused its decision.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_weekday_weights points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** No. The encoder is bidirectional, so every annotation $h_j$ carries
+# information from its neighbours on both sides, possibly including the weekday: a small
+# weight on the weekday's characters does not mean that none of the weekday's information
+# reaches the decoder. An attention map shows where the decoder read, not which input
+# information caused its decision.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: no, and the reason is that an attention weight says where the decoder reads,
+#   not which information its output depends on.
+# - 1 point: names the route the weekday's information can still take: the bidirectional
+#   encoder mixes it into the annotations of other positions (their $h_j$), which do get
+#   weight.
+# - 0 points for "yes", or for "no" with no reason.
+# ### END SOLUTION
+
+# %% [markdown]
 # ## Challenges (optional, not graded)
 #
 # - **Luong's input feeding.** Write a `LuongDecoder` with the same `forward_step`

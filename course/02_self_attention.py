@@ -1295,17 +1295,31 @@ plt.show()
 #    gives that query weights of 0 and an output of zeros. With $-10^9$ instead of
 #    $-\infty$ the weights would be uniform.
 #    :::
-#
+
+# %% [markdown]
 # 5. Why does the bias of `W_k` always get a zero gradient, while the bias of `W_q`
 #    does not?
 #
-#    :::{dropdown} Answer
-#    A key bias $b$ adds $q_i \cdot b / \sqrt{d_k}$ to *every* score of query $i$, the
-#    same constant across its row, and the softmax is unchanged by a constant added to a
-#    row. A query bias adds $b \cdot k_j / \sqrt{d_k}$, which varies with the key $j$,
-#    and so changes the weights.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_key_bias_gradient points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** A key bias $b$ adds $q_i \cdot b / \sqrt{d_k}$ to *every* score of
+# query $i$: the same constant across its row, whatever the key $j$. The softmax is
+# unchanged by a constant added to a row, so the weights, the output and the loss do not
+# depend on $b$, and its gradient is zero. A query bias adds $b \cdot k_j / \sqrt{d_k}$,
+# which varies with the key $j$, and so changes the weights.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: the key bias adds the same amount to every score of a query's row (the term
+#   $q_i \cdot b$ does not depend on $j$).
+# - 1 point: the softmax is invariant to a constant added to its row, so nothing downstream
+#   depends on the key bias; the query bias's term $b \cdot k_j$ differs from key to key
+#   and does change the weights.
+# ### END SOLUTION
+
+# %% [markdown]
 # ## Challenges (optional, not graded)
 #
 # - **Additive scores in self-attention.** Replace the dot product by Chapter 1's

@@ -1015,26 +1015,52 @@ for h in (2, 4):
 #    first $d_k$ features of every token: tokens and heads are mixed up. Only a check
 #    of the contents on a small example catches it.
 #    :::
-#
+
+# %% [markdown]
 # 4. What would be lost without $W^O$?
 #
-#    :::{dropdown} Answer
-#    The output's first $d_k$ features would only ever hold head 1's result, the next
-#    $d_k$ head 2's, and so on. $W^O$ mixes the heads' findings, so that every output
-#    feature can combine what all heads found; it also maps the concatenation back
-#    into the model's own $d_\text{model}$ features, the ones the residual connection
-#    of Chapter 5 adds it to.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_output_projection points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** Without $W^O$ the output's first $d_k$ features would only ever hold
+# head 1's result, the next $d_k$ head 2's, and so on: no output feature could combine
+# what different heads found. $W^O$ mixes the heads' findings, so every output feature
+# can use all of them, and it maps the concatenation back into the model's own
+# $d_\text{model}$ features, the ones the residual connection of Chapter 5 adds it to.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: without $W^O$ the heads' results stay side by side in separate blocks of
+#   features, never combined.
+# - 1 point: $W^O$ mixes them into every output feature and maps the concatenation into
+#   the model's feature space (the one the residual stream uses). "It changes the shape"
+#   alone earns nothing: the concatenation already has $d_\text{model}$ features.
+# ### END SOLUTION
+
+# %% [markdown]
 # 5. You pass the causal mask of this course, True = may attend, unchanged to
 #    `nn.MultiheadAttention`. What happens?
 #
-#    :::{dropdown} Answer
-#    PyTorch reads True as "do not attend", so every query sees only the keys *after*
-#    it: the future instead of the past. The last query has no key left and its output
-#    is NaN. Pass `~mask`.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_mask_convention points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** `nn.MultiheadAttention` reads True in `attn_mask` as "do not attend",
+# the opposite of this course's convention, so the causal mask is inverted: every query
+# sees only the keys *after* it, the future instead of the past. The last query has no key
+# left, its row of scores is all $-\infty$, and its output is NaN. Nothing fails on the
+# shape. Pass `~mask`.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: PyTorch's module takes True as "masked out", so the mask is inverted and each
+#   query attends to the future (the keys after it) instead of the past.
+# - 1 point: a consequence or the fix: the last query keeps no key and gives NaN, and
+#   passing `~mask` (or a float mask) repairs it.
+# ### END SOLUTION
+
+# %% [markdown]
 # ## Challenges (optional, not graded)
 #
 # - **Attention-weight dropout as an option.** Write a subclass of your

@@ -1083,17 +1083,30 @@ plt.show()
 #    is not explained by the offset. RoPE is built so that the score does depend only on
 #    the two vectors and $i - j$.
 #    :::
-#
+
+# %% [markdown]
 # 4. Why does RoPE rotate the queries and keys but not the values?
 #
-#    :::{dropdown} Answer
-#    Position should decide *where* a query looks, which is the job of the scores,
-#    computed from queries and keys. With both rotated, $(qR_m)\cdot(kR_n) =
-#    q R_{m-n} k^\top$ and only the distance enters. Rotating the values would change
-#    *what* is passed on by the absolute position of each key, which is what the
-#    relative design avoids.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_rope_not_values points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** Position should decide *where* a query looks, and that is the job of
+# the scores, which are computed from queries and keys only. With both rotated,
+# $(q R_m) \cdot (k R_n) = q R_{m-n} k^\top$: only the distance $m - n$ enters the score.
+# Rotating the values would change *what* is passed on according to the absolute position
+# of each key, which is what the relative design avoids.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: positions act through the scores (queries and keys), and rotating both makes
+#   the score depend only on the relative offset $m - n$.
+# - 1 point: rotating the values would bring the absolute position into what is passed on
+#   (the output), which the relative design avoids; the values need no position for the
+#   weights to use it.
+# ### END SOLUTION
+
+# %% [markdown]
 # 5. With ALiBi and 16 heads, what are the steepest and the gentlest slopes? How much
 #    does the steepest head penalise a key 10 tokens away, and what weight does that
 #    leave compared with the query itself, other things equal?

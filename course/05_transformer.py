@@ -1956,17 +1956,33 @@ plt.show()
 #    yet. The encoder reads a source that is entirely known, in training and at
 #    inference alike, so every token may look at every other.
 #    :::
-#
+
+# %% [markdown]
 # 3. A model normalises with statistics over the sequence dimension instead of the
 #    features. Name two things that go wrong.
 #
-#    :::{dropdown} Answer
-#    Each token's output then depends on the other tokens: in the decoder, earlier
-#    positions see later ones (a leak around the causal mask), and in any layer the
-#    padding changes the real tokens, so a sentence is represented differently in
-#    batches padded to different lengths. Section 3 measured both.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_norm_over_sequence points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** Statistics over the sequence make each token's output depend on the
+# other tokens of the sequence. In the decoder, earlier positions then see later ones
+# through the mean and variance: a leak around the causal mask. And in any layer the
+# padding changes the real tokens, so a sentence is represented differently in batches
+# padded to different lengths. Section 3 measured both.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: the causal leak: an early position's output depends on later tokens through
+#   the statistics, although the mask forbids it.
+# - 1 point: padding: the padded positions enter the statistics, so a real token's output
+#   changes with the amount of padding (batch composition).
+# - Another true consequence of the same cause (each output depends on the whole
+#   sequence, e.g. a different result in training and one-token-at-a-time inference) may
+#   replace one of them.
+# ### END SOLUTION
+
+# %% [markdown]
 # 4. In pre-LN, what is normalised, and what is not? Why does a pre-LN stack usually
 #    end with one extra LayerNorm?
 #

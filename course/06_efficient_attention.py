@@ -1883,17 +1883,32 @@ glue("naive_mem_8k", everything["naive attention", False][2][-1], display=False)
 #    (and memory traffic) of the keys and values, which dominates the cost of generating
 #    one token at a time.
 #    :::
-#
+
+# %% [markdown]
 # 5. Why does Performer's feature map contain $-\lVert x \rVert^2 / 2$, and what happens
 #    to the attention output if it is dropped?
 #
-#    :::{dropdown} Answer
-#    It makes $\mathbb{E}[\phi(x) \cdot \phi(y)] = \exp(x \cdot y)$. Without it the
-#    estimate is $\exp(x \cdot y)\, e^{(\lVert x \rVert^2 + \lVert y \rVert^2)/2}$; the
-#    factor of the query cancels in the normalisation, but the key factor
-#    $e^{\lVert k_j \rVert^2 / 2}$ does not: keys with large norms get too much weight.
-#    :::
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_performer_norm_term points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** The term makes the random features unbiased:
+# $\mathbb{E}[\phi(x) \cdot \phi(y)] = \exp(x \cdot y)$, the softmax's kernel. Without it
+# the estimate is $\exp(x \cdot y)\, e^{(\lVert x \rVert^2 + \lVert y \rVert^2)/2}$. The
+# query's factor is the same for all keys and cancels in the normalisation, but the key
+# factor $e^{\lVert k_j \rVert^2 / 2}$ does not: keys with large norms get too much weight,
+# and the output is no longer an estimate of softmax attention.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: with the term, the expected product of the features is exactly
+#   $\exp(x \cdot y)$ (the estimate is unbiased).
+# - 1 point: without it each key's weight is multiplied by $e^{\lVert k_j \rVert^2/2}$,
+#   which does not cancel in the normalisation (the query's factor does), so keys with
+#   large norms are over-weighted.
+# ### END SOLUTION
+
+# %% [markdown]
 # ## Challenges (optional, not graded)
 #
 # - Write a blocked *local* attention that computes only the blocks a sliding window

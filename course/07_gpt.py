@@ -1654,16 +1654,29 @@ plt.show()
 #    renormalised to 0.444, 0.333, 0.222; the first two sum to 0.778 < 0.8, so all three
 #    stay.
 #    ```
-#
+
+# %% [markdown]
 # 4. Why does a GPT-2 checkpoint need some weights transposed, and why would a forgotten
 #    transpose of `attn.c_proj.weight` go unnoticed by a shape check?
 #
-#    ```{dropdown} Answer
-#    GPT-2's `Conv1D` stores weights as (in, out), `nn.Linear` as (out, in). `attn.c_proj`
-#    maps $d$ to $d$, so its weight is square and fits either way; only the values (or a
-#    comparison of logits with the original model) reveal the mistake.
-#    ```
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_conv1d_transpose points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** GPT-2's `Conv1D` stores its weights as (in, out), while `nn.Linear`
+# stores (out, in), so the Conv1D weights must be transposed when loaded into linear
+# layers. `attn.c_proj` maps $d$ to $d$: its weight is square and fits either way, so a
+# shape check passes. Only the values reveal the mistake, for instance comparing the
+# logits with those of the original model.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: the two layouts: `Conv1D` (in, out) against `nn.Linear` (out, in).
+# - 1 point: `c_proj`'s weight is square ($d \times d$), so the untransposed matrix has the
+#   right shape; only a comparison of values (logits with the original model) catches it.
+# ### END SOLUTION
+
+# %% [markdown]
 # 5. How large is GPT-2 small's key/value cache for one sequence of 1,024 tokens in
 #    32-bit floats?
 #

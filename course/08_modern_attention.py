@@ -1719,17 +1719,31 @@ glue("shared_ratio", f"{contig_p / paged_p:.1f}", display=False)
 #    $61 \times 2 \times 8 \times 128 \times 2 = 249{,}856$ bytes, about 244 KiB: a
 #    ratio of 3.6, with 16 times fewer key heads than MLA's 128.
 #    ```
-#
+
+# %% [markdown]
 # 4. With absorption, MLA scores queries against the cached latents directly. Why can
 #    the rotary part not be absorbed in the same way?
 #
-#    ```{dropdown} Answer
-#    The rotation of a key depends on the key's position $s$ and sits between $c_s$ and
-#    the query: $q^\top R_t^\top R_s W^\top c_s$ depends on $s$ through $R_s$, so there is
-#    no single matrix to fold into the query. That is why MLA carries a separate, small
-#    rotary key shared by all heads, and caches it next to the latent.
-#    ```
+#    *Written answer, graded by hand (2 points): answer in the cell below, in a few sentences.*
+
+# %% [written written_rotary_not_absorbed points=2]
+# ### BEGIN SOLUTION
+# **Model answer.** Absorption folds the key's up-projection into the query, once, because
+# the score $q^\top W^\top c_s$ uses the same matrix for every position. The rotation of a
+# key depends on the key's position $s$ and sits between the latent and the query:
+# $q^\top R_t^\top R_s W^\top c_s$ depends on $s$ through $R_s$, so there is no single
+# matrix to fold into the query. That is why MLA carries a separate, small rotary key
+# shared by all heads, and caches it next to the latent.
 #
+# **Rubric (2 points).**
+#
+# - 1 point: the rotation depends on each key's position, between the latent and the
+#   query, so no one fixed matrix can be absorbed into the query for all keys.
+# - 1 point: MLA's answer: a separate small rotary key (shared by the heads), cached
+#   beside the latent, while the latent part stays unrotated and absorbed.
+# ### END SOLUTION
+
+# %% [markdown]
 # 5. A sequence has 37 tokens in a paged cache with blocks of 16, and block table
 #    `[7, 2, 9]`. Where is token 20? Token 36? How many slots are reserved but empty?
 #

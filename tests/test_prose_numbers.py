@@ -106,7 +106,7 @@ def glued_names(chapter) -> list[re.Pattern]:
     """The first argument of every glue(...) call in the chapter's code, as a pattern (f-strings too)."""
     names = []
     for cell in chapter.cells:
-        if cell.kind in ("markdown", "hidden", "test", "include"):
+        if cell.kind in ("markdown", "written", "hidden", "test", "include"):
             continue
         for node in ast.walk(ast.parse(cell.source)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glue" and node.args:
