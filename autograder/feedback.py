@@ -98,7 +98,27 @@ VERDICT_CSS = """
 .verdict code { background: rgba(0, 0, 0, 0.06); padding: 0 0.2em; border-radius: 0.2em; }
 """
 
-PAGE_WORDS = {"score": msg("Score"), "comment": msg("Comment"), "late": msg("Late submission penalty")}
+PAGE_WORDS = {"score": msg("Score"), "comment": msg("Comment"), "late": msg("Late submission penalty"),
+              "answer": msg("Student's answer"), "task": msg("Student's task"), "grade_cell": msg("Grade cell:"),
+              "task_cell": msg("Task:"), "top": msg("(Top)"), "comments": msg("Comments:")}
+# The labels nbgrader's feedback template writes in each graded cell's heading and footer, as it
+# writes them (its macros nbgrader_heading, score and nbgrader_footer), and the word each becomes.
+_LABELS = ((re.compile(r'(<span class="nbgrader-label">)Student\'s answer(</span>)'), "answer"),
+           (re.compile(r'(<span class="nbgrader-label">)Student\'s task(</span>)'), "task"),
+           (re.compile(r'(<span class="nbgrader-label">)Grade cell:( <code>)'), "grade_cell"),
+           (re.compile(r'(<span class="nbgrader-label">)Task:( <code>)'), "task_cell"),
+           (re.compile(r'(<span class="pull-right">\s*)Score:( )'), "score"),
+           (re.compile(r'(<a href="#top">)\(Top\)(</a>)'), "top"),
+           (re.compile(r'(<b>)Comments:(</b>)'), "comments"))
+
+
+def page_labels(html: str, words: dict) -> str:
+    """A rendered cell (HTML) with nbgrader's English labels in the page's words (already escaped);
+    the score label keeps its colon (the summary writes it so)."""
+    for pattern, key in _LABELS:
+        word = words[key] + (":" if key == "score" else "")
+        html = pattern.sub(lambda m: m[1] + word + m[2], html)
+    return html
 
 
 def generate_feedback(course: Path, chapter: str, student: str, language: str = C.SOURCE_LANGUAGE) -> dict:
@@ -130,7 +150,8 @@ def page_config(cfg, language: str = C.SOURCE_LANGUAGE):
     # its bootstrap.min.css (GenerateFeedback sets the same; a bare HTMLExporter needs it too)
     cfg.HTMLExporter.extra_template_paths = [str(formgrader / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
     # our template's, and nbconvert's own cleaner (bleach; its classic template cleans raw cells) as ours
-    cfg.HTMLExporter.filters = {"sanitised_cells": cells, "escaped": text, "clean_html": cells}
+    cfg.HTMLExporter.filters = {"sanitised_cells": cells, "escaped": text, "clean_html": cells,
+                                "page_labels": page_labels}
     cfg.PageResources.language = language
     return cfg
 

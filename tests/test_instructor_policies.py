@@ -134,3 +134,33 @@ def test_a_190_mib_notebook_of_outputs_is_graded_without_them(tmp_path):
     assert result.get("score") == 10, result
 
 
+def _page(language: str) -> str:
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+
+    from autograder import feedback
+    nb = nbformat.v4.new_notebook()
+    meta = {"locked": False, "schema_version": 3}
+    nb.cells = [nbformat.v4.new_code_cell("def f():\n    return 1", metadata={"nbgrader": {
+                    **meta, "solution": True, "grade": False, "grade_id": "f", "comment": "Well tried."}}),
+                nbformat.v4.new_code_cell("assert f() == 1", metadata={"nbgrader": {
+                    **meta, "solution": False, "grade": True, "grade_id": "test_f", "points": 2, "score": 1}}),
+                nbformat.v4.new_markdown_cell("Student's answer: (Top) Grade cell: mine")]
+    exporter = HTMLExporter(config=feedback.page_config(Config(), language))
+    for step in feedback.page_steps():
+        exporter.register_preprocessor(step, enabled=True)
+    html, _ = exporter.from_notebook_node(nb, {"nbgrader": {"notebook": CHAPTER, "score": 1, "max_score": 2,
+                                                            "late_penalty": 0}})
+    return html
+
+
+def test_the_chinese_feedback_page_has_no_english_labels_of_nbgrader():
+    english, chinese = _page("en"), _page("zh_CN")
+    labels = ("Student's answer</span>", "Grade cell: <code>", "(Top)</a>", "<b>Comments:</b>")
+    assert all(label in english for label in labels) and re.search(r'pull-right">\s*Score: 1', english)
+    assert not any(label in chinese for label in labels), [label for label in labels if label in chinese]
+    assert not re.search(r"\bScore:", chinese)
+    for word in ("学生的答案", "评分单元格：", "（回到顶部）", "得分: 1", "<b>评语：</b>"):
+        assert word in chinese, word
+    assert "Student&#x27;s answer: (Top) Grade cell: mine" in chinese or \
+        "Student's answer: (Top) Grade cell: mine" in chinese  # the learner's own words stay as written
