@@ -98,6 +98,25 @@ def test_grade_class_refuses_a_notebook_of_another_chapter(tmp_path, released_cl
     assert "ben" not in (course / "class-similarity.csv").read_text()
 
 
+# ------------------------------------------------------------------ 8. where class data lives
+def test_a_class_folder_inside_the_checkout_is_refused_unless_git_ignores_it():
+    from autograder.classroom.folders import FolderError, class_folder
+    with pytest.raises(FolderError, match=r"inside the repository's checkout.*~/attention-course-classes/spring"):
+        class_folder(ROOT / "spring")
+    for name in ("my-class", "results/shard-1", "feedback"):  # the README's, ignored by .gitignore
+        assert class_folder(ROOT / name) == ROOT / name
+    proc = subprocess.run(["git", "check-ignore", "sample/student-ids.csv", "my-class/gradebook.db",
+                           "results/shard-1/gradebook.db"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.stdout.split() == ["sample/student-ids.csv", "my-class/gradebook.db", "results/shard-1/gradebook.db"]
+
+
+def test_class_commands_refuse_a_folder_git_would_stage_in_one_line():
+    proc = cli("release", "--course", "spring-2027", CHAPTER, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "~/attention-course-classes/spring-2027" in lines[0], lines
+    assert not (ROOT / "spring-2027").exists()
+
+
 # ------------------------------------------------------------------ 10. size limits, Chinese labels
 def _with_outputs(nb, mib: int):
     """NB with MIB MiB of PNG output on its first code cell (as a notebook saved with its figures)."""

@@ -1,5 +1,6 @@
-"""The folders a class command writes into (made absolute, and never one of the project's own), and the
-names a submission brings into them (a student id: ``student_id``)."""
+"""The folders a class command writes into (made absolute, never one of the project's own, and never a
+folder of the checkout that git would stage), and the names a submission brings into them (a student
+id: ``student_id``)."""
 from __future__ import annotations
 
 import unicodedata
@@ -31,7 +32,28 @@ def class_folder(path: Path | str, flag: str = "--course") -> Path:
                               "give a folder of its own for the class, e.g. my-class")
     if folder.exists() and not folder.is_dir():
         raise FolderError(f"{flag} {path}: not a folder")
+    if ROOT in folder.parents and not _ignored_by_git(folder):
+        raise FolderError(f"{flag} {path}: inside the repository's checkout, where `git add -A` would stage the "
+                          "class's grades, student ids and answers; give a folder outside it, e.g. "
+                          f"{CLASSES_HOME}/{folder.name} (or one that .gitignore ignores, as my-class/)")
     return folder
+
+
+CLASSES_HOME = "~/attention-course-classes"  # where the README suggests a class's folder
+
+
+def _ignored_by_git(folder: Path) -> bool:
+    """Whether git ignores FOLDER, a folder of the checkout (True without git or a .git here: nothing
+    to stage it into)."""
+    import subprocess
+    if not (ROOT / ".git").exists():
+        return True
+    try:
+        proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", f"{folder.relative_to(ROOT)}/"],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return proc.returncode != 1  # 0: ignored; 1: not ignored; 128: git cannot tell (not a work tree)
 
 
 def existing_folder(path: Path | str, what: str) -> Path:
