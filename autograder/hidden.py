@@ -85,7 +85,9 @@ class Builder:
 
     def __init__(self, tests: "HiddenTests", test_id: str):
         self.tests, self.test_id, self.probes = tests, test_id, []
-        seed = int(hashlib.sha256(test_id.encode()).hexdigest()[:8], 16)
+        # A course-private seed (README, "Public answers") gives every test other inputs than the public ones.
+        private = os.environ.get("ATTN_GRADER_PRIVATE_SEED", "")
+        seed = int(hashlib.sha256((f"{private}\0{test_id}" if private else test_id).encode()).hexdigest()[:8], 16)
         self.gen = torch.Generator().manual_seed(seed)
 
     def randn(self, *shape, dtype=torch.float32):

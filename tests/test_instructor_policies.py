@@ -117,6 +117,80 @@ def test_class_commands_refuse_a_folder_git_would_stage_in_one_line():
     assert not (ROOT / "spring-2027").exists()
 
 
+# ------------------------------------------------------------------ 9. a course-private seed
+TABLE_TESTS = ("test_scaled_dot_product_attention_shapes", "test_scaled_dot_product_attention_worked_example")
+
+
+def _public_table() -> dict:
+    """(shape of query, its sum to 4 places) -> the reference's (output, weights) for every public probe
+    of TABLE_TESTS, built here with the public seed."""
+    import torch
+
+    from autograder.chapters import known
+    assert not os.environ.get("ATTN_GRADER_PRIVATE_SEED")
+    hidden = known()[CHAPTER].hidden()
+    table = {}
+    for test_id in TABLE_TESTS:
+        for probe in hidden.build(test_id):
+            q = probe.args[0]
+            with torch.no_grad():
+                out, weights = probe.reference(*probe.args, **probe.kwargs)
+            table[(tuple(q.shape), round(float(q.double().sum()), 4))] = (out.tolist(), weights.tolist())
+    return table
+
+
+HARD_CODED = '''
+PUBLIC = {table!r}
+
+
+def scaled_dot_product_attention(query, key, value, mask=None):
+    """The public probes' expected values, looked up; anything else gets zeros."""
+    found = PUBLIC.get((tuple(query.shape), round(float(query.double().sum()), 4)))
+    if found is not None:
+        return torch.tensor(found[0], dtype=query.dtype), torch.tensor(found[1], dtype=query.dtype)
+    return (torch.zeros(*query.shape[:-1], value.shape[-1], dtype=query.dtype),
+            torch.zeros(*query.shape[:-1], key.shape[-2], dtype=query.dtype))
+'''
+
+
+def test_a_private_seed_changes_every_random_probe_and_only_with_it(monkeypatch):
+    from autograder.chapters import known
+    hidden = known()[CHAPTER].hidden()
+    test_id = "test_scaled_dot_product_attention_shapes"
+    monkeypatch.delenv("ATTN_GRADER_PRIVATE_SEED", raising=False)
+    public = [p.args[0] for p in hidden.build(test_id)]
+    assert all(a.equal(b) for a, b in zip(public, [p.args[0] for p in hidden.build(test_id)]))
+    monkeypatch.setenv("ATTN_GRADER_PRIVATE_SEED", "course-2027")
+    private = [p.args[0] for p in hidden.build(test_id)]
+    assert [a.shape for a in private] == [a.shape for a in public]
+    assert not any(a.equal(b) for a, b in zip(public, private))
+
+
+@pytest.mark.pipeline
+def test_a_private_seed_keeps_full_marks_and_costs_hard_coded_answers(tmp_path):
+    correct = submission()
+    hard_coded = submission({"scaled_dot_product_attention": HARD_CODED.format(table=_public_table())})
+    public = grade_notebooks({"hard_coded": hard_coded}, tmp_path / "public")["hard_coded"]
+    paths = {name: _written(nb, tmp_path / "private" / name / f"{CHAPTER}.ipynb")
+             for name, nb in (("correct", correct), ("hard_coded", hard_coded))}
+    env = {**os.environ, "ATTN_GRADER_PRIVATE_SEED": "course-2027"}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(path), "--json"], cwd=ROOT,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, path in paths.items()}
+    private = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err
+        private[name] = json.loads(out)
+    assert private["correct"]["score"] == private["correct"]["max_score"] == 10
+    tests = lambda result: {line.split(" ", 1)[0]: line for ex in result["exercises"].values()  # noqa: E731
+                            for line in ex["feedback"]}
+    for test_id in TABLE_TESTS:  # the public probes' answers earn these tests, and only with the public seed
+        assert tests(public)[test_id].endswith("passed"), tests(public)[test_id]
+        assert not tests(private["hard_coded"])[test_id].endswith("passed"), tests(private["hard_coded"])[test_id]
+    assert private["hard_coded"]["score"] <= public["score"] - len(TABLE_TESTS)
+
+
 # ------------------------------------------------------------------ 10. size limits, Chinese labels
 def _with_outputs(nb, mib: int):
     """NB with MIB MiB of PNG output on its first code cell (as a notebook saved with its figures)."""
