@@ -144,7 +144,7 @@ def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
 def _graded(session, work, kernel, nb, info, student, feedback, keep_course):
     import nbformat
 
-    from coursekit import nbgrader_course
+    from coursekit import conventions, nbgrader_course
 
     from .feedback import render as render_feedback
     from .feedback import scores_page
@@ -179,7 +179,8 @@ def _graded(session, work, kernel, nb, info, student, feedback, keep_course):
     if outcomes is None:
         raise RuntimeError("nbgrader autograde finished without judging the test cells")
     report = Report(info.name, student, outcomes, repairs=repairs, sandboxed=kernel.sandboxed,
-                    enforcement=kernel.enforcement, language=info.language)
+                    enforcement=kernel.enforcement, language=info.language,
+                    written=conventions.written_answers(clean))  # graded by hand: outside the score
     if feedback or keep_course is not None:
         report.feedback_page = render_feedback(course, info, student, autograded, outcomes,
                                                "\n".join(c.source for c in nb.cells)) or \

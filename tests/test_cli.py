@@ -20,9 +20,11 @@ def test_json_output_follows_the_spec(tmp_path):
     proc = grade_cli(path, "--json", "--feedback-dir", str(tmp_path / "fb"))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert set(data) == {"notebook", "score", "max_score", "exercises"}
+    assert set(data) == {"notebook", "score", "max_score", "exercises", "by_hand"}
     assert data["notebook"] == "02_self_attention"
-    assert data["score"] == data["max_score"] == 10.0
+    assert data["score"] == data["max_score"] == 10.0  # the automatic part: written answers are outside it
+    assert data["by_hand"] == {"max_score": 2.0, "pending": 0.0,  # left as its prompt: nbgrader's 0
+                               "answers": {"written_key_bias_gradient": {"max_score": 2.0, "answered": False}}}
     assert list(data["exercises"]) == ["scaled_dot_product_attention", "causal_mask", "padding_mask",
                                        "SelfAttention"]
     for exercise in data["exercises"].values():
