@@ -252,7 +252,7 @@ class Answerer:
 
         def run(*args, **kwargs):
             if record is not None and len(record) < MAX_RECORDS:  # the grader's own record of the call
-                record.append({"method": path or method, "rows": _rows(args, kwargs)})
+                record.append(_record(path or method, args, kwargs))
             return torch.func.functional_call(_Method(node, method), local, tuple(args), kwargs, strict=False)
 
         def restore():
@@ -277,9 +277,15 @@ class Answerer:
         return {"returned": [i for i, _ in returned]}, [g for _, g in returned]
 
 
-def _rows(args, kwargs):
+def _record(method, args, kwargs) -> dict:
+    """What the grader notes of one call of a model argument: the method, the batch rows and the
+    tokens of its first tensor, and whether a cache (``past``: the second argument) came with it."""
     first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-    return int(first.shape[0]) if first is not None and first.dim() else None
+    past = args[1] if len(args) > 1 else kwargs.get("past")
+    return {"method": method,
+            "rows": int(first.shape[0]) if first is not None and first.dim() else None,
+            "tokens": int(first.shape[1]) if first is not None and first.dim() > 1 else None,
+            "past": past is not None}
 
 
 # ------------------------------------------------------------------ the answering process

@@ -2113,6 +2113,40 @@ GENERATE_MISTAKES = [
 GEN_MODEL = dict(vocab_size=13, max_len=40, d_model=16, num_heads=2, num_layers=2)
 
 
+def _feeds_as_asked(probe, calls):
+    """What generate fed the model at each step (the grader's own record of its calls): with the
+    cache, the prompt once and then only the newest token with past; without it, the whole
+    sequence, no cache, at every step."""
+    if calls is None:
+        return None
+    use_cache = probe.kwargs.get("use_cache", probe.args[3] if len(probe.args) > 3 else True)
+    prompt = probe.args[1].shape[1]
+    for index, call in enumerate(c for c in calls if c["method"] == "forward"):
+        step, tokens, expected = index + 1, call["tokens"], prompt + index
+        if use_cache and index == 0 and call["past"]:
+            return f"with use_cache=True the first step runs the prompt ({prompt} tokens) without a cache, but it was given one"
+        if use_cache and index == 0 and tokens != prompt:
+            return (f"with use_cache=True the first step runs the whole prompt ({prompt} tokens), but it fed "
+                    f"the model {tokens} token(s)")
+        if use_cache and index > 0 and not call["past"]:
+            return (f"with use_cache=True every step after the first feeds only the newest token with past "
+                    f"(the cache the model returned), but step {step} fed the model {tokens} token(s) "
+                    f"without a cache: the cache is not used")
+        if use_cache and index > 0 and tokens != 1:
+            return (f"with use_cache=True every step after the first feeds only the newest token with the "
+                    f"cache, but step {step} fed the model {tokens} tokens")
+        if not use_cache and call["past"]:
+            return (f"with use_cache=False every step runs the whole sequence without a cache, but step "
+                    f"{step} passed a cache (past)")
+        if not use_cache and tokens != expected:
+            return (f"with use_cache=False every step runs the whole sequence ({expected} tokens at step "
+                    f"{step}), but step {step} fed the model {tokens} token(s)")
+    return None
+
+
+GEN = dict(mistakes=GENERATE_MISTAKES, call_checks=[_feeds_as_asked])
+
+
 def _sensitive_model(t, init, cases, dtype=None, tries=40):
     """A random GPT whose greedy tokens tell every generation mistake apart on these cases.
 
@@ -2144,16 +2178,16 @@ def _(t):
               "2 new tokens after a prompt of 5"]
     for i, ((idx, n, use_cache), label) in enumerate(zip(cases, labels)):
         if i == 1:
-            t.function("generate", m, idx, n, use_cache=False, mistakes=GENERATE_MISTAKES, label=label)
+            t.function("generate", m, idx, n, use_cache=False, **GEN, label=label)
         elif i == 2:
-            t.function("generate", m, idx, n, True, mistakes=GENERATE_MISTAKES, label=label)
+            t.function("generate", m, idx, n, True, **GEN, label=label)
         else:
-            t.function("generate", m, idx, n, mistakes=GENERATE_MISTAKES, label=label)
-    t.function("generate", m, t.randint(0, 13, (2, 3)), 1, mistakes=GENERATE_MISTAKES, label="one new token")
+            t.function("generate", m, idx, n, **GEN, label=label)
+    t.function("generate", m, t.randint(0, 13, (2, 3)), 1, **GEN, label="one new token")
     cases64 = [(t.randint(0, 13, (2, 3)), 4, True), (t.randint(0, 13, (2, 3)), 4, False)]
     m64 = _sensitive_model(t, dict(GEN_MODEL, num_layers=1), cases64, dtype=torch.float64)
-    t.function("generate", m64, cases64[0][0], 4, mistakes=GENERATE_MISTAKES, label="a float64 model, 4 new tokens")
-    t.function("generate", m64, cases64[1][0], 4, use_cache=False, mistakes=GENERATE_MISTAKES,
+    t.function("generate", m64, cases64[0][0], 4, **GEN, label="a float64 model, 4 new tokens")
+    t.function("generate", m64, cases64[1][0], 4, use_cache=False, **GEN,
                label="a float64 model, use_cache=False")
 
 
