@@ -31,6 +31,11 @@ def main(argv=None) -> int:
     rel.add_argument("--to", type=Path, help="also copy the learner notebooks into this plain folder")
     rel.add_argument("--language", default=EDITIONS[0], choices=EDITIONS,
                      help="the edition to hand out (grade ids and hidden tests are the same in every edition)")
+    rel.add_argument("--due", action="append", default=[], metavar="CHAPTER=YYYY-MM-DDTHH:MM[+HH:MM]",
+                     help="a chapter's due date (nbgrader's Assignment.duedate; no zone: UTC); repeatable")
+    rel.add_argument("--late", metavar="POLICY",
+                     help="late policy: none, zero (a late submission scores 0), P/hour or P/day (P points "
+                          "off per started hour or day late); written into COURSE/nbgrader_config.py")
     col = sub.add_parser("collect", help="copy submissions into COURSE/submitted/<student>/<chapter>/")
     col.add_argument("source", type=Path, help="nbgrader submitted/ tree or a flat folder of <student>.ipynb")
     col.add_argument("--course", type=Path, required=True)
@@ -154,8 +159,21 @@ def _run_class_command(args) -> int:
         from .classroom.release import release
         chapters = known()
         editions = [dataclasses.replace(chapters[c], language=args.language) for c in args.chapters or chapters]
+        from .classroom import late
+        dues = [late.parse_due(item) for item in args.due]  # checked before anything is written
+        for chapter, _ in dues:
+            if chapter not in [e.name for e in editions]:
+                raise ValueError(f"--due {chapter}: not a chapter this release hands out")
+        if args.late:
+            late.policy_lines(args.late)
         for path in release(course, editions, plain):
             print(path)
+        for chapter, due in dues:
+            late.set_due(course, chapter, due)
+            print(f"{chapter}: due {due:%Y-%m-%d %H:%M} UTC")
+        if args.late:
+            late.set_policy(course, args.late)
+            print(f"late policy: {args.late} ({course / 'nbgrader_config.py'})")
     elif args.command == "collect":
         course = class_folder(args.course)
         if args.source.is_file():

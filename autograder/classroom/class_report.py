@@ -62,7 +62,7 @@ def record_run(folder: Path, started: float, summary: dict, workers: int, shard=
     line = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "seconds": round(time.time() - started, 2), "graded": summary["graded"],
             "failed": summary["failed"], "skipped": summary["skipped"], "workers": workers,
-            "shard": f"{shard[0]}/{shard[1]}" if shard else ""}
+            "shard": f"{shard[0]}/{shard[1]}" if shard else "", "interrupted": bool(summary.get("interrupted"))}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -93,6 +93,8 @@ class Report:
     tests: dict = field(default_factory=dict)         # chapter -> {test: [passed, graded, points]}
     mistakes: list = field(default_factory=list)      # (chapter, exercise, mistake, [students])
     ungraded: list = field(default_factory=list)      # (student, chapter, reason)
+    notes: list = field(default_factory=list)         # (student, chapter, note): cells stopped at their limit
+    late: dict = field(default_factory=dict)          # (chapter, student) -> gradebook.lateness
     runs: list = field(default_factory=list)
 
 
@@ -156,25 +158,43 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
                     if m and m["test"] in points:
                         points[m["test"]] = float(m["max"])
         report.tests[chapter] = {t: [0, 0, 1.0 if p is None else p] for t, p in points.items()}
+    from .export import exercise_of
+    from .gradebook import grade_scores, lateness
+    grades = grade_scores(folder) if scores is None else {}
+    late = lateness(folder) if scores is None else {}
+    names = {c: {} for c in report.chapters}  # chapter -> {exercise: points}, from every graded entry
+    for e in entries.values():
+        for name, ex in e.get("exercises", {}).items():
+            names[e["chapter"]].setdefault(name, ex["max_score"])
     for key in sorted(entries):
         e = entries[key]
         chapter = e["chapter"]
+        if (chapter, e["student"]) in late:
+            report.late[(chapter, e["student"])] = late[(chapter, e["student"])]
+        report.notes += [(e["student"], chapter, n) for n in e.get("notes", [])]
         if e["status"] != "ok":
             report.ungraded.append((e["student"], chapter, e.get("reason") or "no reason recorded"))
-            continue
-        for name, ex in e["exercises"].items():
-            row = report.exercises[chapter].setdefault(name, [0, 0, 0.0, ex["max_score"]])
-            row[0] += ex["score"] >= ex["max_score"]
-            row[1] += 1
-            row[2] += ex["score"]
+        # every submission counts in every table (one that could not be graded scores 0 in each
+        # test), each grade as the gradebook has it (a grader's manual score over the auto score)
+        tests = {t: g["score"] for t, g in grades.get((chapter, e["student"]), {}).items()
+                 if t in report.tests[chapter]} or e["tests"]
+        earned: dict[str, float] = {}
+        for name, ex in e.get("exercises", {}).items():
             for line in ex["feedback"]:
                 m = _LINE.match(line)
-                if m and float(m["got"]) < float(m["max"]):
+                if m and float(m["got"]) < float(m["max"]) and tests.get(m["test"], 0) < float(m["max"]):
                     who[(chapter, name, mistake_of(m["message"]))].add(e["student"])
-        for test, score in e["tests"].items():
+        for test, score in tests.items():
             row = report.tests[chapter].setdefault(test, [0, 0, score])
             row[0] += score >= row[2]
             row[1] += 1
+            earned[exercise_of(chapter, test)] = earned.get(exercise_of(chapter, test), 0.0) + score
+        for name, top in names[chapter].items():
+            row = report.exercises[chapter].setdefault(name, [0, 0, 0.0, top])
+            got = earned.get(name, e.get("exercises", {}).get(name, {}).get("score", 0.0))
+            row[0] += got >= top
+            row[1] += 1
+            row[2] += got
     report.mistakes = sorted(((c, x, m, sorted(s)) for (c, x, m), s in who.items()),
                              key=lambda r: (-len(r[3]), r[0], r[1], r[2]))
     report.runs = runs(folder)
@@ -291,7 +311,10 @@ def _page(title: str, body: str) -> str:
 def report_html(report: Report, folder_name: str, similarity_summary: str = "") -> str:
     parts = [f"<h1>Class report: {_e(folder_name)}</h1>",
              f"<p class='note'>Written {_e(time.strftime('%Y-%m-%d %H:%M'))} from the gradebook (scores) and "
-             "the grading ledger (feedback, reasons). Pass rates count the submissions that could be graded. "
+             "the grading ledger (feedback, reasons). Every table counts every submission: one that could not be "
+             "graded scores 0 in each test and exercise, so the mean, the full marks and the pass rates share "
+             "one denominator (the submissions). A chapter a student never submitted is blank, never 0. "
+             "Scores are the gradebook's: a grader's manual score over the auto score, less the late penalty. "
              f"The similarity of answer cells is on <a href='{SIMILARITY_HTML}'>its own page</a>"
              f"{_e(similarity_summary)}.</p>"]
     parts.append("<h2 id='scores'>Score distribution per chapter</h2><div class='figs'>")
@@ -304,9 +327,11 @@ def report_html(report: Report, folder_name: str, similarity_summary: str = "") 
                         [[c, *_stats(list(report.scores[c].values())), f"{report.max_score[c]:g}",
                           sum(v >= report.max_score[c] for v in report.scores[c].values())]
                          for c in report.chapters], numeric=set(range(1, 8)), cls="summary"))
-    parts.append("<details open><summary>Every student's score (from the gradebook)</summary>")
-    parts.append(_table(["student", *report.chapters],
-                        [[s, *[f"{report.scores[c][s]:g}" if s in report.scores[c] else "" for c in report.chapters]]
+    parts.append("<details open><summary>Every student's score (from the gradebook; blank: not submitted)"
+                 "</summary>")
+    parts.append(_table(["student", *report.chapters, "late"],
+                        [[s, *[f"{report.scores[c][s]:g}" if s in report.scores[c] else "" for c in report.chapters],
+                          _late(report, s)]
                          for s in sorted({s for c in report.chapters for s in report.scores[c]})],
                         numeric=set(range(1, len(report.chapters) + 1)), cls="students"))
     parts.append("</details>")
@@ -336,17 +361,35 @@ def report_html(report: Report, folder_name: str, similarity_summary: str = "") 
     parts.append("<h2 id='ungraded'>Submissions that could not be graded</h2>")
     parts.append(_table(["student", "chapter", "why"], [list(r) for r in report.ungraded], cls="ungraded")
                  if report.ungraded else "<p>None.</p>")
+    parts.append("<h2 id='notes'>Notes on graded submissions</h2>"
+                 "<p class='note'>Cells the grader interrupted at their time limit: the tests that ran still "
+                 "count, but such a notebook does not run as handed in.</p>")
+    parts.append(_table(["student", "chapter", "note"], [list(r) for r in report.notes], cls="notes")
+                 if report.notes else "<p>None.</p>")
     parts.append("<h2 id='runs'>Grading runs</h2>")
     if report.runs:
         parts.append(_table(["started", "shard", "workers", "graded", "could not be graded", "already graded",
-                             "seconds", "submissions per minute"],
+                             "seconds", "submissions per minute", "ended"],
                             [[r["started"], r.get("shard") or "-", r.get("workers", ""), r["graded"], r["failed"],
-                              r["skipped"], f"{r['seconds']:.1f}",
-                              f"{60 * (r['graded'] + r['failed']) / r['seconds']:.1f}" if r["seconds"] else "-"]
+                              r["skipped"], f"{r['seconds']:.1f}", _rate(r),
+                              "interrupted" if r.get("interrupted") else "finished"]
                              for r in report.runs], numeric={2, 3, 4, 5, 6, 7}, cls="runs"))
     else:
         parts.append("<p>No run recorded in this folder.</p>")
     return _page(f"Class report: {folder_name}", "\n".join(parts))
+
+
+def _rate(run: dict) -> str:
+    """Submissions graded per minute; '-' for a run that graded none (all already graded)."""
+    done = run["graded"] + run["failed"]
+    return f"{60 * done / run['seconds']:.1f}" if done and run["seconds"] else "-"
+
+
+def _late(report: Report, student: str) -> str:
+    """Each chapter the student handed in late: how late and the penalty."""
+    from .gradebook import late_text
+    return "; ".join(f"{c}: {late_text(v['seconds_late'])}, -{v['penalty']:g}"
+                     for (c, s), v in sorted(report.late.items()) if s == student and v["seconds_late"] > 0)
 
 
 def report_rows(report: Report) -> list[list]:
@@ -363,9 +406,15 @@ def report_rows(report: Report) -> list[list]:
         rows.append(["mistake", c, f"{x}: {m}", len(s), "", " ".join(s)])
     for s, c, why in report.ungraded:
         rows.append(["could not be graded", c, s, "", "", why])
+    for (c, s), v in sorted(report.late.items()):
+        if v["seconds_late"] > 0:
+            rows.append(["late", c, s, round(v["seconds_late"]), v["penalty"], "seconds late, penalty"])
+    for s, c, note in report.notes:
+        rows.append(["note", c, s, "", "", note])
     for r in report.runs:
         rows.append(["run", r.get("shard", ""), r["started"], r["graded"] + r["failed"], r["seconds"],
-                     f"workers {r.get('workers', '')}, already graded {r['skipped']}"])
+                     f"workers {r.get('workers', '')}, already graded {r['skipped']}"
+                     + (", interrupted" if r.get("interrupted") else "")])
     return rows
 
 

@@ -325,6 +325,7 @@ def _file_submission(course: Path, student: str, chapter: str, items: list[_File
         else:
             note = ""
         _write(latest.path, current, latest.when)
+        _write_timestamp(latest, folder)
         out.append(Outcome(latest.rel, "collected", f"collected as {who}{note}", task))
     for item in pool:
         if item is have or item is latest:
@@ -402,6 +403,28 @@ def _write(source: Path, target: Path, when: int):
             dst.write(block)
     os.utime(partial, ns=(when, when))
     os.replace(partial, target)
+
+
+def _write_timestamp(item: _File, folder: Path) -> None:
+    """FOLDER/timestamp.txt, the submission's time as nbgrader's exchange writes it (``nbgrader
+    autograde`` and ``grade-class`` read it for lateness): the time in the timestamp.txt beside an
+    nbgrader submission, else, the last resort, the file's time (an LMS's zip keeps the upload's)."""
+    import datetime
+
+    from nbgrader.utils import parse_utc
+    when = None
+    beside = item.path.parent / "timestamp.txt"
+    if len(Path(item.rel).parts) == 3 and beside.is_file() and not beside.is_symlink():
+        try:
+            with open(beside, encoding="utf-8") as f:
+                when = parse_utc(f.read(200).strip())
+        except (OSError, ValueError, OverflowError, UnicodeDecodeError):
+            when = None
+    if when is None:
+        when = datetime.datetime.fromtimestamp(item.when / 1e9, datetime.timezone.utc).replace(tzinfo=None)
+    partial = folder / f".timestamp.txt.partial-{os.getpid()}"
+    partial.write_text(f"{when:%Y-%m-%d %H:%M:%S.%f} UTC\n")
+    os.replace(partial, folder / "timestamp.txt")
 
 
 def _log(course: Path, source: Path, outcomes: list[Outcome]):

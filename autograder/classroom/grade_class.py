@@ -1,7 +1,9 @@
 """Grade every submission of a class in parallel worker processes; only this process writes results."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -12,9 +14,10 @@ from . import class_report
 from .collect import in_shard, submissions
 from .export import export
 from .folders import class_folder
-from .ledger import Ledger, file_hash
+from .late import copy_settings
+from .ledger import FORCED, Ledger, file_hash, forced_since, version
 from .progress import Progress
-from .record import ensure_gradebook, record
+from .record import ensure_gradebook, record, submitted_timestamp
 from .workers import WorkerPool
 
 
@@ -31,8 +34,21 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
     infos = known()
     tasks = [t for t in submissions(course, chapters) if in_shard(t, shard)]
     ensure_gradebook(out, [infos[c] for c in sorted({t.chapter for t in tasks}) if c in infos])
-    done_before = {} if force else Ledger(out).entries()
-    todo = [t for t in tasks if done_before.get(t.key, {}).get("sha256") != file_hash(t.path)]
+    if out != course:  # a shard's results folder: the course's due dates and late policy
+        copy_settings(course, out, {t.chapter for t in tasks})
+    ledger = Ledger(out)
+    since = forced_since(out)  # a --force run that was interrupted: what it recorded stands
+    if force and since is None:
+        since = ledger.lines()
+        (out / FORCED).write_text(json.dumps({"line": since, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+    done_before = ledger.entries(since or 0)
+    versions = {c: version(c, out) for c in {t.chapter for t in tasks}}
+
+    def done(t) -> bool:  # the same file, timestamp and grader and chapter version as recorded
+        e = done_before.get(t.key, {})
+        return (e.get("sha256") == file_hash(t.path) and e.get("version") == versions[t.chapter]
+                and e.get("timestamp") == submitted_timestamp(t.path))
+    todo = [t for t in tasks if not done(t)]
     summary = {"total": len(tasks), "skipped": len(tasks) - len(todo), "graded": 0, "failed": 0}
     bar = Progress(len(todo)) if progress and todo else None
     if todo:
@@ -45,7 +61,8 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
             while pending or pool.busy():
                 pool.dispatch(pending)
                 for task, status, data in pool.poll():
-                    entry = record(out, task.student, task.chapter, file_hash(task.path), status, data, task.path)
+                    entry = record(out, task.student, task.chapter, file_hash(task.path), status, data, task.path,
+                                   versions[task.chapter])
                     summary["graded" if status == "ok" else "failed"] += 1
                     if bar:
                         bar.step()
@@ -53,10 +70,16 @@ def grade_class(course: Path, chapters: list[str] | None = None, workers: int | 
                         print(f"\n{task.key}: {entry['reason']}", file=sys.stderr)
         except KeyboardInterrupt:
             pool.close(kill=True)
+            summary["interrupted"] = True
+            class_report.record_run(out, started, summary, workers or os.cpu_count() or 1, shard)
+            kept = " (what this --force run recorded is kept: the rest is graded again)" if since is not None else ""
             print(f"\ninterrupted: {summary['graded'] + summary['failed']} of {len(todo)} recorded; "
-                  "run the same command again to resume", file=sys.stderr)
+                  f"run the same command again to resume{kept}", file=sys.stderr)
             raise
+        finally:
+            shutil.rmtree(out / ".grading" / "work", ignore_errors=True)
         pool.close()
+    (out / FORCED).unlink(missing_ok=True)  # finished: a later run skips by file and version again
     export(out)
     class_report.record_run(out, started, summary, workers or os.cpu_count() or 1, shard)
     class_report.write(out, course / "submitted")

@@ -13,7 +13,8 @@ a CSV with a ``student`` column (the course folder's id) and the LMS's columns:
   maps to a user), optionally ``First name`` and ``Last name``; then one column per
   grade item, which the import screen maps to the course's grade items.
 
-Scores come from the gradebook (the record); a chapter a student never submitted is
+Scores come from the gradebook (the record), after the late penalty (what the student gets;
+class-grades.csv and the class report show the same); a chapter a student never submitted is
 blank (the LMS leaves it alone), one that could not be graded is 0, as in
 class-grades.csv.
 """

@@ -14,7 +14,8 @@ from . import class_report
 from .export import export
 from .folders import class_folder, id_problem, shown
 from .ledger import Ledger
-from .record import ensure_gradebook, store
+from .gradebook import autograde_rows
+from .record import AUTOGRADED, ensure_gradebook, store, write_autograded
 
 
 def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> int:
@@ -39,6 +40,14 @@ def merge(target: Path, shards: list[Path], submitted: Path | None = None) -> in
             key = (entry["student"], entry["chapter"])
             if key in scores:  # the shard's gradebook is the record of its scores
                 entry = {**entry, "tests": scores[key]}
+                rows = autograde_rows(shard, entry["chapter"], entry["student"])
+                if rows["grades"]:
+                    entry.update(grades=rows["grades"], comments=rows["comments"])
+            graded = shard / AUTOGRADED / entry["student"] / entry["chapter"]
+            if graded.is_dir() and graded.resolve() != (target / AUTOGRADED / entry["student"] / entry["chapter"]).resolve():
+                executed = graded / f"{entry['chapter']}.ipynb"
+                write_autograded(target, entry["student"], entry["chapter"],
+                                 executed.read_text(encoding="utf-8") if executed.is_file() else None, executed)
             rel = Path("feedback") / entry["student"] / entry["chapter"] / f"{entry['chapter']}.html"
             if (shard / rel).exists() and (shard / rel).resolve() != (target / rel).resolve():
                 feedback.write_page(target / "feedback", rel.relative_to("feedback"), (shard / rel).read_text())

@@ -5,7 +5,9 @@ import dataclasses
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,7 +36,11 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
     class_run = multiprocessing.parent_process()  # the run that started this worker (not the forkserver)
     threading.Thread(target=_stop_when_gone, args=(class_run,), daemon=True).start()
     private_paths = tuple(Path(p) for p in private)
+    # the finished scratch course is kept in the results folder's .grading/ (private: no kernel reads it)
+    keep_in = Path(private[-1]) / ".grading" / "work"
+    keep_in.mkdir(parents=True, exist_ok=True)
     kernels = KernelRelay(sandboxed, private_paths)
+    executed = _keep_executed()
     try:
         while True:
             try:
@@ -49,12 +55,17 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
             chapter_known = chapter if chapter in known() else None
             try:
                 slot = kernels.take(Path(path), chapter_known, boot_next=spare)
-                report = grade(Path(path), student=student, chapter=chapter_known,
-                               feedback=True, private=private_paths, sandboxed=sandboxed, slot=slot)
-                data = report.as_json()
-                data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
-                data["repairs"] = report.repairs
-                data["feedback_page"] = report.feedback_page
+                kept = Path(tempfile.mkdtemp(prefix="autograded-", dir=keep_in))
+                try:
+                    report = grade(Path(path), student=student, chapter=chapter_known, feedback=True,
+                                   private=private_paths, sandboxed=sandboxed, slot=slot, keep_course=kept)
+                    data = report.as_json()
+                    data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
+                    data["repairs"] = report.repairs
+                    data["feedback_page"] = report.feedback_page
+                    data["autograded"] = _autograded(kept, student, report.chapter, executed.pop("notebook", None))
+                finally:
+                    shutil.rmtree(kept, ignore_errors=True)
                 results.put((student, chapter, "ok", data))
             except SubmissionError as err:
                 results.put((student, chapter, "ungradable", str(err)))
@@ -68,6 +79,50 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
         # every kernel of this worker is shut down now: a folder an interrupt kept a grading from
         # removing is nobody's
         scratch.remove_of_process(os.getpid())
+
+
+def _keep_executed() -> dict:
+    """In this worker process, the autograded notebook as nbgrader's autograde wrote it, taken just
+    before the feedback step rewrites it with the verdicts (feedback.render replaces every output):
+    formgrader shows the instructor the notebook as it ran. (A hook in grading.py would be cleaner.)"""
+    from .. import feedback
+    executed: dict = {}
+    render = feedback.render
+
+    def keeping(course, chapter, student, autograded, *args, **kwargs):
+        executed["notebook"] = Path(autograded).read_text(encoding="utf-8")
+        return render(course, chapter, student, autograded, *args, **kwargs)
+    feedback.render = keeping
+    return executed
+
+
+def _autograded(course: Path, student: str, chapter: str, notebook: str | None = None) -> dict:
+    """What nbgrader's autograde left in the scratch COURSE for the class's gradebook and autograded/:
+    the executed NOTEBOOK (else the one left there), each grade's auto score and each answer's auto
+    comment, and the cells stopped at their time limit (a note: their tests may still have passed)."""
+    from .gradebook import autograde_rows
+    if notebook is None:
+        notebook = (course / "autograded" / student / chapter / f"{chapter}.ipynb").read_text(encoding="utf-8")
+    return {"notebook": notebook, **autograde_rows(course, chapter, student), "notes": interrupted_cells(notebook)}
+
+
+def interrupted_cells(notebook: str) -> list[str]:
+    """A note for each code cell the grader interrupted at its time limit (nbclient's interrupt ends it
+    with KeyboardInterrupt; one that did not stop has CellTimeoutError)."""
+    import json
+    notes = []
+    try:
+        cells = json.loads(notebook).get("cells", [])
+    except ValueError:
+        return notes
+    for number, cell in enumerate(cells, 1):
+        names = {o.get("ename") for o in cell.get("outputs", []) if o.get("output_type") == "error"}
+        if names & {"KeyboardInterrupt", "CellTimeoutError"}:
+            source = "".join(cell.get("source", "")).strip().splitlines()
+            first = source[0][:60] if source else ""
+            notes.append(f"cell {number} ({first}) was interrupted at its time limit "
+                         f"({os.environ.get('ATTN_GRADER_CELL_TIMEOUT', '60')} s)")
+    return notes
 
 
 def _stop_when_gone(class_run, grace: float = 60.0) -> None:
