@@ -2,15 +2,20 @@
 
 Inputs are written as one ``.npz`` of arrays and one ``.json`` of calls per test; results
 come back the same way and are decoded without ever being executed. The format of both
-is ``sandboxed.wire``; this module only writes, takes and reads the files.
+is ``sandboxed.wire``; this module only writes, takes and reads the files. What a kernel left
+is checked before it is decoded (``results_check``: bounded, and shaped as the kernel writes it).
 """
 from __future__ import annotations
 
 import json
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
+from . import results_check
 from .sandboxed import wire
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024
@@ -30,12 +35,17 @@ def take_results(exchange, private: Path, test_id: str) -> None:
             (private / f"{test_id}{suffix}").write_bytes(data)
 
 
+# What reading a missing, forged or oversized result can raise: each makes it "did not run".
+UNREADABLE = (OSError, ValueError, EOFError, RecursionError, NotImplementedError, struct.error, zipfile.BadZipFile,
+              zlib.error)
+
+
 def read_results(private: Path, test_id: str) -> list[dict] | None:
-    """The decoded results of one test, or None when it left none that can be read."""
+    """The decoded results of one test, or None when it left none that can be read: no files, or
+    files no honest kernel writes, or past a bound of what the grader decodes (``results_check``)."""
     try:
-        meta = json.loads((private / f"{test_id}.json").read_text())
-        with np.load(private / f"{test_id}.npz", allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        return [wire.decode_result(r, arrays) for r in meta["probes"]]
-    except Exception:  # noqa: BLE001 - missing or forged files count as "did not run"
+        results, refs = results_check.validated(results_check.parsed(private / f"{test_id}.json"), test_id)
+        arrays = results_check.arrays(private / f"{test_id}.npz", refs)
+    except UNREADABLE:  # results_check.Malformed is a ValueError
         return None
+    return [wire.decode_result(r, arrays) for r in results]

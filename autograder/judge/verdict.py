@@ -53,8 +53,6 @@ def _not_run(probe, got, where) -> list:
     if status == "timeout":
         return [msg("`{target}` ran longer than {seconds} s{where}: an endless loop?", target=probe.target,
                     seconds=f"{probe.time_limit:g}", where=where)]
-    if status == "not-run":
-        return [got["reason"]]
     return []
 
 
