@@ -158,8 +158,7 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
                     if m and m["test"] in points:
                         points[m["test"]] = float(m["max"])
         report.tests[chapter] = {t: [0, 0, 1.0 if p is None else p] for t, p in points.items()}
-    from .export import exercise_of
-    from .gradebook import grade_scores, lateness
+    from .gradebook import exercise_of, grade_scores, lateness
     grades = grade_scores(folder) if scores is None else {}
     late = lateness(folder) if scores is None else {}
     names = {c: {} for c in report.chapters}  # chapter -> {exercise: points}, from every graded entry

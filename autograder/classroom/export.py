@@ -12,21 +12,12 @@ from pathlib import Path
 
 from coursekit.conventions import written_in_table
 
-from .gradebook import grade_scores, late_text, lateness
+from .gradebook import exercise_of, grade_scores, late_text, lateness
 from .ledger import Ledger
 
 # Not grades.csv: that is what `nbgrader export` writes into the course folder.
 CLASS_GRADES = "class-grades.csv"
 CLASS_EXERCISES = "class-exercises.csv"
-
-
-def exercise_of(chapter: str, test: str) -> str:
-    """The exercise a grade cell belongs to (the cell's own id for one of no exercise)."""
-    from coursekit.conventions import exercise_of as owner
-
-    from ..chapters import known
-    info = known().get(chapter)
-    return (owner(test, info.exercises) if info else None) or test
 
 
 def submission_scores(folder: Path, entries: dict | None = None) -> dict[tuple[str, str], float]:

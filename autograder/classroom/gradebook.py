@@ -182,6 +182,15 @@ def lateness(root: Path) -> dict[tuple[str, str], dict]:
     return out
 
 
+def exercise_of(chapter: str, test: str) -> str:
+    """The exercise a grade cell belongs to (the cell's own id for one of no exercise)."""
+    from coursekit.conventions import exercise_of as owner
+
+    from ..chapters import known
+    info = known().get(chapter)
+    return (owner(test, info.exercises) if info else None) or test
+
+
 def late_text(seconds: float) -> str:
     """How late, for a person: '2 d 3 h', '5 h 12 min', '40 min', '12 s'."""
     seconds = int(round(seconds))
