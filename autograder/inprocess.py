@@ -307,4 +307,5 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
         else:
             sys.modules["attn_probe"] = saved
     outcomes = judge(session, static, stopped=None)
-    return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language).as_json()
+    return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language,
+                  written=C.written_answers(clean)).as_json()  # as the pipeline tells them (grading._graded)
