@@ -6,6 +6,8 @@ translated with them; the rest of the README is not published.
 from __future__ import annotations
 
 import csv
+import io
+import re
 from pathlib import Path
 
 from coursekit.conventions import LOCALES_DIR, ROOT
@@ -16,6 +18,9 @@ PAGES = ("intro.md", "start_here.md", "glossary.md", "instructors.md")
 README = "README.md"
 README_SECTION = ("<!-- instructors-page-start -->", "<!-- instructors-page-end -->")
 GLOSSARY = LOCALES_DIR / "glossary.csv"
+# The course's everyday terms: glossed once in the book, in the first chapter that uses them
+# (a reader of Chapter 3 knows 注意力 and 练习); every other term once per chapter.
+GLOSSED_ONCE_IN_THE_BOOK = ("attention", "exercise", "gradient")
 
 
 def _published(name: str) -> str:
@@ -27,19 +32,40 @@ def _published(name: str) -> str:
 
 
 def front_matter_units() -> list[tuple[str, str]]:
-    """(block, "file:line") of every prose block the front matter publishes."""
+    """(block, "file:line") of every prose block the front matter publishes, and the glossary's column headers."""
     found = []
     for name in (*PAGES, README):
         whole = (ROOT / name).read_text()
         for block in markdown_blocks(_published(name)):
             if is_prose(block):
                 found.append((block, f"{name}:{whole[:whole.find(block)].count(chr(10)) + 1}"))
+    found += [(header, f"{GLOSSARY.relative_to(ROOT)}:1") for header in _glossary_rows()[0]]
     return found
+
+
+def _glossary_rows() -> list[list[str]]:
+    with GLOSSARY.open(newline="") as f:
+        return list(csv.reader(f))
+
+
+def _translated_glossary_table(text: str, lookup) -> str:
+    """The glossary page's table with its column headers translated: the rows written into the page
+    (csv-table takes its header from the file's first row or from ``:header:``, not both)."""
+    header, *rows = _glossary_rows()
+    cells = io.StringIO()
+    csv.writer(cells, lineterminator="\n").writerows(rows)
+    quoted = ", ".join('"' + (lookup(h) or h).replace('"', '""') + '"' for h in header)
+    source = f":file: {GLOSSARY.relative_to(ROOT).as_posix()}\n:header-rows: 1\n"
+    assert source in text, "glossary.md no longer reads the glossary as the translation expects"
+    return re.sub(r"(:widths:[^\n]*\n)", lambda m: m.group(1) + "\n" + cells.getvalue(),
+                  text.replace(source, f":header: {quoted}\n"), count=1)
 
 
 def translated_page(name: str, lookup) -> str:
     """The page NAME with every published prose block looked up (None keeps the English)."""
     text = (ROOT / name).read_text()
+    if name == "glossary.md":
+        text = _translated_glossary_table(text, lookup)
     if name != README:
         return translate_markdown(text, lookup) + "\n"
     start, end = README_SECTION
@@ -50,6 +76,5 @@ def translated_page(name: str, lookup) -> str:
 
 def glossary() -> dict[str, tuple[str, list[str]]]:
     """English term -> (the course's Chinese term, variants it does not use)."""
-    with GLOSSARY.open(newline="") as f:
-        rows = list(csv.reader(f))[1:]
+    rows = _glossary_rows()[1:]
     return {en: (zh, [v.strip() for v in avoid.split(";") if v.strip()]) for en, zh, avoid in rows}

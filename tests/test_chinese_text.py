@@ -27,7 +27,7 @@ from test_book import book  # noqa: F401 - the built book, for the tests that re
 
 from coursegen import catalogs, headings
 from coursegen.edition_notes import NOTES
-from coursegen.front_matter import glossary
+from coursegen.front_matter import GLOSSED_ONCE_IN_THE_BOOK, glossary
 from coursegen.translatable import _NOT_PROSE, markdown_blocks, translate_code
 from coursekit.conventions import chapter_names, figure_font_setup
 
@@ -262,6 +262,9 @@ def test_a_term_is_glossed_once_at_its_first_use(domain):
             if english in EVERYDAY and english not in terms:
                 problems.append(f"an everyday word glossed: {match.group(0)!r}")
         problems += [f"a gloss inside brackets: {m!r}" for m in re.findall(r"（[^（）]*（[A-Za-z][^（）]*）[^（）]*）", text)]
+        if domain.startswith("chapters/") and domain != f"chapters/{CHAPTERS[0]}":
+            problems += [f"{m.group(0)!r}: an everyday term, glossed once in the book (Chapter 1)"
+                         for m in glosses if m["english"].strip().lower() in GLOSSED_ONCE_IN_THE_BOOK]
     messages = [m for m in catalogs.read(domain, LANGUAGE) if m.id and m.string]
     english_words = {w for m in messages for w in re.findall(r"\b[a-z]{3,}\b", m.id)}
     for text in (m.string for m in messages):  # "（SMALLEST）": an ordinary word in capitals, echoed
