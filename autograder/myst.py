@@ -1,23 +1,17 @@
-"""MyST directives in markdown cells, as HTML that plain Markdown renderers show like the book.
+"""MyST in markdown cells, as HTML that plain Markdown renderers show like the book.
 
 The book (Jupyter Book) renders ```` ```{note} ```` and ```` ```{admonition} Title ````
-blocks as boxes; nbconvert's Markdown renderer shows them as code. ``MystDirectives``
-rewrites each such block of a markdown cell into an HTML box whose body stays Markdown
-(so math and emphasis inside still render), before the notebook is exported.
+blocks as boxes, dropdowns collapsed and glued numbers in the text; nbconvert's Markdown
+renderer shows the markup as code. ``MystDirectives`` rewrites each markdown cell with
+``coursekit.myst_plain`` (HTML boxes whose body stays Markdown, so math and emphasis inside
+still render; ``<details>``; roles as their text) before the notebook is exported. Learner
+notebooks are plain already; a notebook made before they were is not.
 """
 from __future__ import annotations
 
-import html
-import re
-
 from nbconvert.preprocessors import Preprocessor
 
-ADMONITIONS = ("note", "warning", "tip", "hint", "important", "caution", "attention", "danger", "error",
-               "seealso")
-# ```{name} argument  ...  ```   or   :::{name} argument  ...  :::   (same fence length to close)
-DIRECTIVE = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[A-Za-z][\w-]*)\}[ \t]*(?P<arg>[^\n]*)\n"
-                       r"(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
-OPTION = re.compile(r"^:(?P<key>[\w-]+):[ \t]*(?P<value>[^\n]*)$")
+from coursekit.myst_plain import MYST, render
 
 CSS = """
 div.admonition { margin: 1em 0; padding: 0 0.8em 0.2em; border-left: 0.25em solid #0d6efd;
@@ -39,25 +33,9 @@ div.admonition.important > p.admonition-title, div.admonition.seealso > p.admoni
 
 
 def rewrite(markdown: str) -> str:
-    """Markdown with every MyST directive block replaced by HTML (admonitions) or its body."""
-    return DIRECTIVE.sub(_directive_html, markdown)
-
-
-def _directive_html(match: re.Match) -> str:
-    name, arg = match["name"].lower(), match["arg"].strip()
-    lines = match["body"].splitlines()
-    options = {}
-    while lines and OPTION.match(lines[0]):
-        option = OPTION.match(lines.pop(0))
-        options[option["key"]] = option["value"].strip()
-    body = rewrite("\n".join(lines).strip("\n"))  # directives may nest
-    if name not in ADMONITIONS and name != "admonition":
-        return body + "\n"  # e.g. a figure or an epigraph: its content, without the markup
-    title = arg if name == "admonition" else (name.capitalize() if name != "seealso" else "See also")
-    classes = " ".join(["admonition", name, *options.get("class", "").split()])
-    # A blank line ends each HTML block, so the body between them is read as Markdown.
-    return (f'<div class="{html.escape(classes)}">\n<p class="admonition-title">{html.escape(title)}</p>\n\n'
-            f"{body}\n\n</div>\n")
+    """Markdown with every MyST directive block as HTML (admonitions as boxes, dropdowns as
+    ``<details>``) and every role as plain text (``coursekit.myst_plain``)."""
+    return render(markdown, boxes=True)
 
 
 class MystDirectives(Preprocessor):
@@ -66,6 +44,6 @@ class MystDirectives(Preprocessor):
     enabled = True  # nbconvert preprocessors are off unless enabled
 
     def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "markdown" and ("```{" in cell.source or ":::{" in cell.source):
+        if cell.cell_type == "markdown" and MYST.search(cell.source):
             cell.source = rewrite(cell.source)
         return cell, resources

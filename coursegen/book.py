@@ -4,6 +4,8 @@ Each learner notebook is executed once with the reference solution standing in f
 its stubs (cached by content hash); its outputs are then copied onto the learner
 notebook, so the book shows figures made by the reference while every exercise cell
 shows only its stub. The page's download button serves the plain learner notebook.
+The learner notebook's MyST is rendered plain (``coursegen.learner_view``): the page takes its
+markdown, and the run its given code (myst_nb's ``glue``), from the instructor notebook.
 
 The English edition is ``_build/html``; each translation is ``_build/html/<language>``,
 built from its own learner notebooks (made from the catalogs, see ``coursegen.catalogs``)
@@ -45,6 +47,7 @@ from . import ROOT, chapters, strip_solution_markers
 from .catalogs import FRONT_MATTER, translations
 from .figure_alt import with_figure_alt_text
 from .front_matter import translated_page
+from .learner_view import with_book_sources
 
 BUILD = ROOT / "_build"
 STAGE = BUILD / "src"
@@ -105,7 +108,8 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
         done = nbformat.read(cached, as_version=4)
         if language == SOURCE_LANGUAGE or FIGURE_TEXT in done.metadata:  # an older cache lacks the record
             return done
-    run = nbformat.from_dict(learner)
+    # The learner notebook's glue prints; the book's run glues (the instructor notebook's given code).
+    run = with_book_sources(nbformat.from_dict(learner), instructor_of(chapter, language), "code")
     for cell in run.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in solutions:
@@ -141,6 +145,10 @@ def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.Noteb
         old.unlink()
     nbformat.write(learner, cached)
     return learner
+
+
+def instructor_of(chapter, language: str) -> nbformat.NotebookNode:
+    return nbformat.read(C.instructor_notebook(chapter.name, language), as_version=4)
 
 
 def _execute(name: str, language: str) -> None:
@@ -238,6 +246,8 @@ def stage(found, language: str = SOURCE_LANGUAGE) -> Path:
     (folder / "_config.yml").write_text(edition_config(language, lookup))
     for chapter in found:
         nb = with_figure_alt_text(with_tests_collapsed(executed_chapter(chapter, language)), language)
+        # The page reads the MyST the learner notebook renders plain (``coursegen.learner_view``).
+        nb = with_book_sources(nb, instructor_of(chapter, language), "markdown")
         if language != SOURCE_LANGUAGE:
             nb = with_glued_numbers_of(executed_chapter(chapter), nb)
         nbformat.write(nb, folder / "chapters" / f"{chapter.name}.ipynb")

@@ -15,6 +15,7 @@ from coursekit.nbgrader_course import generate_assignment
 
 from .catalogs import po_path, translations
 from .edition_notes import note_for
+from .learner_view import plain_notebook
 from .translatable import chapter_labels, translate_code, translate_markdown
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
@@ -115,14 +116,20 @@ def dumps_notebook(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> str:
+def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode, language: str = SOURCE_LANGUAGE) -> str:
+    """nbgrader generate_assignment's release of the instructor notebook, its MyST made plain
+    (``learner_view``): learners read it in Jupyter, Colab or VS Code, not in the book."""
+    return dumps_notebook(plain_notebook(released_notebook(chapter, instructor), language))
+
+
+def released_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Run nbgrader generate_assignment on the instructor notebook in a scratch course."""
     with tempfile.TemporaryDirectory(prefix="coursegen-") as tmp:
         notebook = Path(tmp) / f"{chapter.name}.ipynb"
         notebook.write_text(dumps_notebook(instructor))
         released = generate_assignment(Path(tmp) / "course", chapter.name, notebook)
         nb = nbformat.read(released, as_version=4)
-    return dumps_notebook(_without_cell_ids(nb))
+    return _without_cell_ids(nb)
 
 
 def artefacts(chapter: Chapter) -> dict[Path, str]:
@@ -135,7 +142,7 @@ def artefacts(chapter: Chapter) -> dict[Path, str]:
         edition = chapter if language == SOURCE_LANGUAGE else translated_chapter(chapter, language)
         instructor = instructor_notebook(edition, language)
         files[C.instructor_notebook(chapter.name, language).relative_to(ROOT)] = dumps_notebook(instructor)
-        files[C.learner_notebook(chapter.name, language).relative_to(ROOT)] = learner_notebook(edition, instructor)
+        files[C.learner_notebook(chapter.name, language).relative_to(ROOT)] = learner_notebook(edition, instructor, language)
     return files
 
 
