@@ -57,6 +57,7 @@ import random
 import time
 
 import matplotlib.pyplot as plt
+plt.rcParams["axes.unicode_minus"] = False  # a log axis's 10^-1 with a hyphen, which every figure font has
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 try:                      # the book puts numbers from these cells into its text
@@ -69,6 +70,18 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # The models of this chapter are tiny: a second thread gains nothing and, on a machine
 # shared with other programs, can make training several times slower.
 torch.set_num_threads(1)
+
+# %% [name=text_width tags=hide-input]
+import unicodedata
+
+
+def pad_to(text, width, align="<"):
+    """TEXT with spaces up to WIDTH columns of a fixed-width font, in which a Chinese
+    character takes two: f"{text:10s}" counts characters, and a table's columns go uneven."""
+    text = str(text)
+    columns = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    spaces = " " * max(0, width - columns)
+    return spaces + text if align == ">" else text + spaces
 
 # %% [markdown]
 # ## 1. Sequence to sequence, and its bottleneck
@@ -787,8 +800,12 @@ assert db_wide.shape == (2, 7), f"with B=2, T=7, d=4 the scores must be (2, 7), 
 
 # %% [markdown]
 # A dot score is already a small attention mechanism. Below, the query points almost the
-# same way as key 2, and `masked_softmax` turns the scores into weights that single it
-# out. The *general* score $s^\top W_a h_j$ is a dot score too, taken after the keys pass
+# same way as key 2, and `masked_softmax` turns the scores into weights. Key 2 gets the
+# largest, {glue:text}`dot_w_near:.3f`, but key {glue:text}`dot_second` is close behind with
+# {glue:text}`dot_w_second:.3f`: it points a less similar way (cosine
+# {glue:text}`dot_cos_second:.2f` against {glue:text}`dot_cos_near:.2f`) but is longer
+# (length {glue:text}`dot_len_second:.2f` against {glue:text}`dot_len_near:.2f`), and a dot
+# score grows with a key's length as well as with its direction. The *general* score $s^\top W_a h_j$ is a dot score too, taken after the keys pass
 # through a linear map: $s^\top (W_a h_j)$. It lets the query and the keys have different
 # sizes.
 
@@ -799,6 +816,16 @@ query = keys[:, 2] + 0.3 * torch.randn(1, 4)         # (B, d): close to key 2
 scores = dot_score(query, keys)                      # (B, T)
 print("scores :", scores)
 print("weights:", masked_softmax(scores))
+dot_weights = masked_softmax(scores)[0]
+second = dot_weights.argsort(descending=True)[1].item()   # the runner-up after key 2
+cosine = F.cosine_similarity(query[:, None], keys, dim=-1)[0]
+glue("dot_w_near", dot_weights[2].item(), display=False)
+glue("dot_second", second, display=False)
+glue("dot_w_second", dot_weights[second].item(), display=False)
+glue("dot_cos_near", cosine[2].item(), display=False)
+glue("dot_cos_second", cosine[second].item(), display=False)
+glue("dot_len_near", keys[0, 2].norm().item(), display=False)
+glue("dot_len_second", keys[0, second].norm().item(), display=False)
 print("weights with positions 3, 4 masked:",
       masked_softmax(scores, torch.tensor([[True, True, True, False, False]])))
 
@@ -1115,7 +1142,7 @@ for name, attention in [("attention", True), ("no attention", False)]:
     accuracy = exact_match(model, test_src, test_tgt)
     n_params = sum(p.numel() for p in model.parameters())
     date_results[name] = dict(model=model, curve=curve, seconds=seconds, accuracy=accuracy)
-    print(f"{name:13s} {n_params:7,d} parameters   trained in {seconds:4.0f} s   "
+    print(f"{pad_to(name, 13)} {n_params:7,d} parameters   trained in {seconds:4.0f} s   "
           f"held-out exact match {accuracy:.2%}")
 date_attn = date_results["attention"]["model"]
 steps_to_99 = next((step for step, acc in date_results["attention"]["curve"] if acc >= 0.99), DATE_STEPS)
@@ -1234,9 +1261,9 @@ started = time.perf_counter()
 train(copy_attn, lambda: copy_batch(copy_gen, BATCH), COPY_STEPS)
 print(f"trained in {time.perf_counter() - started:.0f} s")
 acc_attn = copy_accuracy_by_length(copy_attn)
-print("length          " + "".join(f"{L:6d}" for L in acc_attn))
-print("no attention    " + "".join(f"{a:6.2f}" for a in acc_fixed.values()))
-print("attention       " + "".join(f"{a:6.2f}" for a in acc_attn.values()))
+print(pad_to("length", 16) + "".join(f"{L:6d}" for L in acc_attn))
+print(pad_to("no attention", 16) + "".join(f"{a:6.2f}" for a in acc_fixed.values()))
+print(pad_to("attention", 16) + "".join(f"{a:6.2f}" for a in acc_attn.values()))
 
 # %% [tags=hide-input]
 digits = "3141592653589793"
@@ -1307,7 +1334,8 @@ with torch.no_grad():
         x = torch.randn(B, T, d)         # (B, T, d)
         gru_us.append(best_time(lambda: gru(x)) / (B * T) * 1e6)
         linear_us.append(best_time(lambda: same_work(x)) / (B * T) * 1e6)
-print("batch   GRU (us/position)   linear layer (us/position)   ratio")
+print(f"{pad_to('batch', 5, '>')}   {pad_to('GRU (us/position)', 17, '>')}   "
+      f"{pad_to('linear layer (us/position)', 26, '>')}   {pad_to('ratio', 5, '>')}")
 for B, g, l in zip(batch_sizes, gru_us, linear_us):
     print(f"{B:5d}   {g:17.3f}   {l:26.3f}   {g / l:5.1f}")
 glue("gru_time_ratio_1", gru_us[0] / linear_us[0], display=False)

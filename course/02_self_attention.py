@@ -49,6 +49,7 @@ import torch.nn.functional as F
 import time
 
 import matplotlib.pyplot as plt
+plt.rcParams["axes.unicode_minus"] = False  # a log axis's 10^-1 with a hyphen, which every figure font has
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 try:                      # the book puts numbers from these cells into its text
@@ -58,6 +59,8 @@ except ImportError:       # in plain Jupyter: just show them
         print(f"{name} = {value}")
 
 torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
 
 # %% [markdown]
 # ## 1. Attention as a soft dictionary lookup
@@ -1190,7 +1193,7 @@ print("weights permute rows and columns:", torch.allclose(w_p, w[:, perm][:, :, 
 
 # %%
 d_model_c, d_head = 512, 64      # one head of a base-size Transformer
-print(f"{'N':>7} {'projections':>13} {'attention core':>15} {'weights (float32)':>18}")
+print(f"{pad_to('N', 7, '>')} {pad_to('projections', 13, '>')} {pad_to('attention core', 15, '>')} {pad_to('weights (float32)', 18, '>')}")
 for n in [128, 512, 2_048, 8_192, 32_768, 131_072]:
     proj = 2 * n * d_model_c * 3 * d_head
     core = 2 * n * n * d_head + 5 * n * n + 2 * n * n * d_head

@@ -48,6 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
+
 # %% [markdown]
 # Chapter 2's attention function is given here, so that this notebook stands on its
 # own. It is the same computation you wrote there: scores scaled by $1/\sqrt{d_k}$, a
@@ -93,7 +95,8 @@ torch.set_num_threads(1)   # the tensors in this chapter are tiny: one CPU threa
 #
 # > The animal didn't cross the street because it was too tired.
 #
-# (The example is Jay Alammar's, from *The Illustrated Transformer*, 2018.)
+# (The sentence first appeared in Google's research-blog post introducing the Transformer,
+# Uszkoreit, 2017; Alammar's *The Illustrated Transformer*, 2018, made it well known.)
 # To understand "it", a reader links it to "animal" (what "it" refers to) and to
 # "tired" (what is said about it). A single attention head gives "it" one row of
 # weights $\alpha_j$ and returns one blend $\sum_j \alpha_j v_j$. To take something from
@@ -911,7 +914,7 @@ models = {h: train_neighbour_model(h) for h in (1, 2, 4)}
 print(f"trained 3 models in {time.perf_counter() - started:.1f} s")
 
 test_tokens, test_targets = neighbour_batch(2000, torch.Generator().manual_seed(123))
-print(f"{'heads':>5} {'left acc':>9} {'right acc':>10}")
+print(f"{pad_to('heads', 5, '>')} {pad_to('left acc', 9, '>')} {pad_to('right acc', 10, '>')}")
 neighbour_weights, neighbour_acc = {}, {}
 for h, model in models.items():
     with torch.no_grad():
@@ -1135,8 +1138,12 @@ for h in (2, 4):
 # - Devlin, J., Chang, M.-W., Lee, K. and Toutanova, K. (2019). BERT: Pre-training of
 #   Deep Bidirectional Transformers for Language Understanding. *NAACL 2019*.
 #   <https://arxiv.org/abs/1810.04805>
-# - Alammar, J. (2018). The Illustrated Transformer (the "it" and "animal" example of
-#   Section 1 follows his). <https://jalammar.github.io/illustrated-transformer/>
+# - Uszkoreit, J. (2017). Transformer: A Novel Neural Network Architecture for Language
+#   Understanding. *Google Research Blog*, 31 August 2017 (the first appearance of the "it"
+#   and "animal" sentence of Section 1).
+#   <https://research.google/blog/transformer-a-novel-neural-network-architecture-for-language-understanding/>
+# - Alammar, J. (2018). The Illustrated Transformer (the same sentence, drawn head by
+#   head). <https://jalammar.github.io/illustrated-transformer/>
 # - Rush, A. (2018). The Annotated Transformer. *Proceedings of Workshop for NLP Open
 #   Source Software*. <https://nlp.seas.harvard.edu/annotated-transformer/>
 # - PyTorch documentation: `torch.nn.MultiheadAttention`.

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 import time
 
 import matplotlib.pyplot as plt
+plt.rcParams["axes.unicode_minus"] = False  # a log axis's 10^-1 with a hyphen, which every figure font has
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 try:                      # the book puts numbers from these cells into its text
@@ -62,6 +63,8 @@ except ImportError:       # in plain Jupyter: just show them
 
 torch.set_printoptions(precision=4, sci_mode=False)
 torch.set_num_threads(1)   # the tensors in this chapter are tiny: one CPU thread is fastest
+
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
 
 # %% [markdown]
 # ## 1. Attention does not know the order
@@ -492,7 +495,7 @@ for name, table, M in [("float64, rounded to float32", pe_long, relative_positio
                        ("angles in float32", pe_table(500, 64, torch.float32), relative_position_matrix(100, 64)),
                        ("float64 throughout", pe_table(500, 64, torch.float64), M100_f64)]:
     shift_err[name] = (table[:400].double() @ M.double() - table[100:].double()).abs().max().item()
-    print(f"k=100, {name:28s}: max |PE[pos] @ M_k - PE[pos+k]| = {shift_err[name]:.1e}")
+    print(f"k=100, {pad_to(name, 28)}: max |PE[pos] @ M_k - PE[pos+k]| = {shift_err[name]:.1e}")
 glue("shift_err_rounded", shift_err["float64, rounded to float32"], display=False)
 glue("shift_err_f32", shift_err["angles in float32"], display=False)
 glue("shift_err_f64", shift_err["float64 throughout"], display=False)

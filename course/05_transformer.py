@@ -60,6 +60,7 @@ import random
 import time
 
 import matplotlib.pyplot as plt
+plt.rcParams["axes.unicode_minus"] = False  # a log axis's 10^-1 with a hyphen, which every figure font has
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 try:                      # the book puts numbers from these cells into its text
@@ -72,6 +73,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # The models of this chapter are small: on a machine shared with other programs a
 # second thread gains nothing and makes timings noisy.
 torch.set_num_threads(1)
+
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
 
 # %% [markdown]
 # ## 1. The parts we already have
@@ -828,13 +831,13 @@ rows = [("encoder layer: self-attention", count(enc_base.self_attn)),
         ("decoder layer: feed-forward", count(dec_base.ffn)),
         ("decoder layer: 3 LayerNorms", 3 * count(dec_base.norm1))]
 for name, n in rows:
-    print(f"{name:32s} {n:>10,d}")
+    print(f"{pad_to(name, 32)} {n:>10,d}")
 vocab = 37_000
 stack = 6 * count(enc_base) + 6 * count(dec_base)
 embeddings = vocab * 512                      # the paper shares one matrix for both embeddings and the output
-print(f"{'6 + 6 layers':32s} {stack:>10,d}")
-print(f"{'one shared embedding matrix':32s} {embeddings:>10,d}")
-print(f"{'total (with an output bias)':32s} {stack + embeddings + vocab:>10,d}")
+print(f"{pad_to('6 + 6 layers', 32)} {stack:>10,d}")
+print(f"{pad_to('one shared embedding matrix', 32)} {embeddings:>10,d}")
+print(f"{pad_to('total (with an output bias)', 32)} {stack + embeddings + vocab:>10,d}")
 print(f"feed-forward share of an encoder layer: {count(enc_base.ffn) / count(enc_base):.1%}")
 glue("ffn_share", 100 * count(enc_base.ffn) / count(enc_base), display=False)
 glue("base_total", (stack + embeddings + vocab) / 1e6, display=False)
@@ -1404,9 +1407,9 @@ _, rnn_curve = train_transformer(   # the same loop: teacher forcing, clipping; 
     evaluate=lambda m: recurrent_exact_match(m, date_test_src[:500], date_test_tgt[:500]), every=50)
 rnn_seconds = time.perf_counter() - started
 rnn_accuracy = recurrent_exact_match(rnn_model, date_test_src, date_test_tgt)
-print(f"{'model':22s} {'parameters':>10s} {'steps':>6s} {'seconds':>8s} {'held-out exact match':>21s}")
-print(f"{'GRU + attention (Ch. 1)':22s} {count(rnn_model):>10,d} {RNN_STEPS:>6d} {rnn_seconds:>8.0f} {rnn_accuracy:>21.2%}")
-print(f"{'Transformer':22s} {count(date_model):>10,d} {DATE_STEPS:>6d} {date_seconds:>8.0f} {date_accuracy:>21.2%}")
+print(f"{pad_to('model', 22)} {pad_to('parameters', 10, '>')} {pad_to('steps', 6, '>')} {pad_to('seconds', 8, '>')} {pad_to('held-out exact match', 21, '>')}")
+print(f"{pad_to('GRU + attention (Ch. 1)', 22)} {count(rnn_model):>10,d} {RNN_STEPS:>6d} {rnn_seconds:>8.0f} {rnn_accuracy:>21.2%}")
+print(f"{pad_to('Transformer', 22)} {count(date_model):>10,d} {DATE_STEPS:>6d} {date_seconds:>8.0f} {date_accuracy:>21.2%}")
 glue("rnn_accuracy", 100 * rnn_accuracy, display=False)
 
 # %% [markdown]
@@ -1440,9 +1443,9 @@ def time_training_step(model, src_len, tgt_len=11, batch=64, repeats=3):
 lengths = [16, 32, 64, 128, 256]
 step_ms = {"GRU + attention (Ch. 1)": [time_training_step(rnn_model, n) for n in lengths],
            "Transformer": [time_training_step(date_model, n) for n in lengths]}
-print(f"{'source length':24s}" + "".join(f"{n:>8d}" for n in lengths))
+print(f"{pad_to('source length', 24)}" + "".join(f"{n:>8d}" for n in lengths))
 for name, ms in step_ms.items():
-    print(f"{name:24s}" + "".join(f"{t:8.1f}" for t in ms) + "   ms per training step")
+    print(f"{pad_to(name, 24)}" + "".join(f"{t:8.1f}" for t in ms) + "   ms per training step")
 glue("rnn_ms_short", step_ms["GRU + attention (Ch. 1)"][0], display=False)
 glue("rnn_ms_long", step_ms["GRU + attention (Ch. 1)"][-1], display=False)
 glue("tr_ms_short", step_ms["Transformer"][0], display=False)
@@ -1613,7 +1616,7 @@ def translate(model, sentence):
 
 
 for en, zh in pair_test[:4]:
-    print(f"  {en:50s} -> {shown(translate(mt_model, en)):45s} {'ok' if translate(mt_model, en) == zh else 'WRONG'}")
+    print(f"  {pad_to(en, 50)} -> {pad_to(shown(translate(mt_model, en)), 45)} {'ok' if translate(mt_model, en) == zh else 'WRONG'}")
 
 # %% [markdown]
 # The model translates {glue:text}`mt_accuracy:.1f`% of the held-out sentences exactly,
@@ -1644,8 +1647,9 @@ def attention_maps(model, src_words, tgt_words, src_itos_map, tgt_itos_map):
             "cross-attention": torch.stack([l.cross_attn.last_weights[0] for l in model.decoder_layers])}
 
 
-def plot_maps(weights, query_labels, key_labels, title, size=2.5, first_layer=1):
-    """weights (layers, heads, N_q, N_k): one panel per layer (rows) and head (columns), layers numbered from first_layer."""
+def plot_maps(weights, query_labels, key_labels, title, size=2.5, first_layer=0):
+    """weights (layers, heads, N_q, N_k): one panel per layer (rows) and head (columns), numbered from 0 as in the
+    code (and in Chapters 3 and 7); the layers from first_layer."""
     L, H = weights.shape[:2]
     fig, axes = plt.subplots(L, H, figsize=(size * H + 1.0, size * L + 0.6), squeeze=False,
                              layout="constrained")
@@ -1653,7 +1657,7 @@ def plot_maps(weights, query_labels, key_labels, title, size=2.5, first_layer=1)
         for h in range(H):
             ax = axes[l, h]
             im = ax.imshow(weights[l, h], cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(f"layer {l + first_layer}, head {h + 1}", fontsize=8)
+            ax.set_title(f"layer {l + first_layer}, head {h}", fontsize=8)
             ax.set_xticks(range(len(key_labels)), key_labels, rotation=90, fontsize=6.5)
             ax.set_yticks(range(len(query_labels)), query_labels, fontsize=6.5)
             ax.tick_params(labelleft=h == 0)
@@ -1671,7 +1675,7 @@ print("source:", example_en)
 print("target:", shown(example_zh))
 cross_last = maps["cross-attention"][-1].mean(0)                 # (N_tgt, N_src), last layer, heads averaged
 for q, row in zip(tgt_queries, cross_last):
-    print(f"  query {q:10s} (predicts the next word) reads most: {src_words[row.argmax()]:8s} ({row.max():.2f})")
+    print(f"  query {pad_to(q, 10)} (predicts the next word) reads most: {src_words[row.argmax()]:8s} ({row.max():.2f})")
 
 # %% [tags=hide-input]
 MAP_TEXT = {"cross-attention": "Cross-attention: target queries (rows) read source words (columns)",
@@ -1709,8 +1713,9 @@ plt.show()
 #
 # As in Chapter 1, keep in mind that attention weights show where a layer *read*,
 # not why the model decided; and after one layer every position already mixes
-# information from others, so a weight on the word "park" in layer 2 is a weight on a
-# vector that knows about more than "park".
+# information from others, so a weight on the word "park" in layer 1 (the second: layers
+# and heads are numbered from 0, as in the code) is a weight on a vector that knows about
+# more than "park".
 #
 # The date model, for comparison: the cross-attention of its last layer on a held-out
 # date.
@@ -1724,7 +1729,7 @@ print(date_text, "->", date_target)
 # %% [tags=hide-input]
 date_layers = date_maps["cross-attention"].size(0)
 plot_maps(date_maps["cross-attention"][-1:], ["<bos>"] + list(date_target), list(date_text),
-          "Date model, last layer: cross-attention of each head", size=3.0, first_layer=date_layers)
+          "Date model, last layer: cross-attention of each head", size=3.0, first_layer=date_layers - 1)
 plt.show()
 
 # %% [markdown]
@@ -1760,9 +1765,9 @@ def stability_run(norm_first, warmup):
 started = time.perf_counter()
 stability = {(nf, w): stability_run(nf, w) for nf in (False, True) for w in (True, False)}
 print(f"4 runs in {time.perf_counter() - started:.0f} s")
-print(f"{'layers':8s} {'warm-up':8s} {'mean loss, last 20 steps':>25s} {'held-out exact match':>21s}")
+print(f"{pad_to('layers', 8)} {pad_to('warm-up', 8)} {pad_to('mean loss, last 20 steps', 25, '>')} {pad_to('held-out exact match', 21, '>')}")
 for (nf, w), (losses, acc) in stability.items():
-    print(f"{'pre-LN' if nf else 'post-LN':8s} {'yes' if w else 'no':8s} {sum(losses[-20:]) / 20:25.3f} {acc:21.1%}")
+    print(f"{pad_to('pre-LN' if nf else 'post-LN', 8)} {pad_to('yes' if w else 'no', 8)} {sum(losses[-20:]) / 20:25.3f} {acc:21.1%}")
     glue(f"stab_{'pre' if nf else 'post'}_{'warm' if w else 'cold'}", 100 * acc, display=False)
 
 # %% [tags=hide-input]

@@ -4,7 +4,7 @@
 # Chapter 5 assembled the Transformer. Every one of its attention layers compares every
 # query with every key: for a sequence of $N$ tokens that is an $N \times N$ matrix of
 # scores, in time and in memory. At $N = 512$ nobody notices; at $N = 16\,384$ one such
-# matrix in float32 takes a gigabyte, per head and per layer. Since 2019 dozens of
+# matrix in float32 takes 1 GiB ($16\,384^2 \times 4$ bytes), per head and per layer. Since 2019 dozens of
 # "efficient" attentions have been proposed to get around it. This chapter builds the
 # main families (sparse patterns, low-rank projections, kernels, hashing, an exact
 # blocked algorithm, and shared key/value heads) and keeps asking one question of each:
@@ -72,6 +72,7 @@ def attention(query, key, value, mask=None):
 import time
 
 import matplotlib.pyplot as plt
+plt.rcParams["axes.unicode_minus"] = False  # a log axis's 10^-1 with a hyphen, which every figure font has
 import numpy as np
 
 try:                      # the book puts numbers from these cells into its text
@@ -84,6 +85,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # One thread: on a 2-core machine shared with other programs, more threads make timings
 # slower and much noisier. Every method below is measured under the same setting.
 torch.set_num_threads(1)
+
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
 
 # %% [markdown]
 # Two small tools measure everything in this chapter. `best_time` runs a function a few
@@ -470,7 +473,7 @@ reach_table = {
 layers_needed = {}
 for name, mask in reach_table.items():
     layers_needed[name] = layers_to_connect(mask)
-    print(f"{name:40s} keys per query {mask.sum(1).float().mean():6.1f}   layers to connect all: {layers_needed[name]}")
+    print(f"{pad_to(name, 40)} keys per query {mask.sum(1).float().mean():6.1f}   layers to connect all: {layers_needed[name]}")
 glue("window_layers", layers_needed["sliding window, r = 8"], display=False)
 glue("global_layers", layers_needed["window r = 8 + 1 global token"], display=False)
 glue("bigbird_layers", layers_needed["BigBird, blocks of 16, 1 random block"], display=False)
@@ -925,7 +928,7 @@ started = time.perf_counter()
 perf_errors = {name: [performer_error(m, s) for m in ms] for name, s in scales.items()}
 print(f"measured in {time.perf_counter() - started:.0f} s")
 for name, errs in perf_errors.items():
-    print(f"{name:22s} " + "  ".join(f"m={m}: {e:.3f}" for m, e in zip(ms, errs)))
+    print(f"{pad_to(name, 22)} " + "  ".join(f"m={m}: {e:.3f}" for m, e in zip(ms, errs)))
 glue("perf_small_256", perf_errors["small scores (x 0.25)"][ms.index(256)], display=False)
 glue("perf_mid_256", perf_errors["moderate (x 0.5)"][ms.index(256)], display=False)
 glue("perf_peak_4096", perf_errors["norm ~ sqrt(d) (x 1)"][ms.index(4096)], display=False)
@@ -993,7 +996,7 @@ for name, (q_s, k_s) in norm_settings.items():
     pair_norm = (q_s.pow(2).sum(-1).mean(-1) + k_s.pow(2).sum(-1).mean(-1)            # mean over all (i, j)
                  + 2 * (q_s.mean(1) * k_s.mean(1)).sum(-1)).mean().item() / math.sqrt(d_pf)   # of |q_i + k_j|^2
     norm_rows[name] = (pair_norm, flatness, peak, performer_error_of(q_s, k_s, v_pf))
-print(f"{'|q+k|^2 / sqrt(d)':>17s} {'entropy / log N':>15s} {'max weight x N':>14s} {'error, m = 256':>14s}"
+print(f"{pad_to('|q+k|^2 / sqrt(d)', 17, '>')} {pad_to('entropy / log N', 15, '>')} {pad_to('max weight x N', 14, '>')} {pad_to('error, m = 256', 14, '>')}"
       "   queries and keys")                                                  # names last: any width
 for name, (pair_norm, flatness, peak, err) in norm_rows.items():
     print(f"{pair_norm:17.2f} {flatness:15.3f} {peak:14.1f} {err:14.2f}   {name}")
@@ -1177,9 +1180,9 @@ for name, hash_fn in hashes.items():
     at = {deg: (h0 == hash_fn(math.cos(math.radians(deg)) * unit + math.sin(math.radians(deg)) * side)).float().mean().item()
           for deg in (30, 90)}
     sign_rows[name] = (h0.unique().numel(), (h0 == hash_fn(-unit)).float().mean().item(), at[30], at[90])
-print(f"{'hash':32s} {'buckets':>7s} {'P(x, -x)':>9s} {'P(30 deg)':>9s} {'P(90 deg)':>9s}")
+print(f"{pad_to('hash', 32)} {pad_to('buckets', 7, '>')} {pad_to('P(x, -x)', 9, '>')} {pad_to('P(30 deg)', 9, '>')} {pad_to('P(90 deg)', 9, '>')}")
 for name, (used, opposite, p30, p90) in sign_rows.items():
-    print(f"{name:32s} {used:7d} {opposite:9.3f} {p30:9.3f} {p90:9.3f}")
+    print(f"{pad_to(name, 32)} {used:7d} {opposite:9.3f} {p30:9.3f} {p90:9.3f}")
 glue("lsh_plain_opposite", sign_rows["argmax xR, 4 directions"][1], display=False)
 glue("lsh_pm_90", sign_rows["argmax [xR; -xR], 4 directions"][3], display=False)
 glue("lsh_plain4_90", sign_rows["argmax xR, 4 directions"][3], display=False)
@@ -1526,7 +1529,7 @@ exact = loss_and_grads(lambda q, k, v: attention(q, k, v, torch.ones(300, 300, d
 for name, fn in {"flash_attention under autograd": lambda q, k, v: flash_attention(q, k, v, 64, True),
                  "flash_attention_trainable": lambda q, k, v: flash_attention_trainable(q, k, v, 64, True)}.items():
     got = loss_and_grads(fn, 300)
-    print(f"{name:32s} causal, N = 300: max |difference| output, dQ, dK, dV: " +
+    print(f"{pad_to(name, 32)} causal, N = 300: max |difference| output, dQ, dK, dV: " +
           ", ".join(f"{(a - b).abs().max():.1e}" for a, b in zip(got, exact)))
 
 # %%
@@ -1540,7 +1543,7 @@ train_methods = {
 train_cost = {}
 for name, fn in train_methods.items():
     train_cost[name] = measure(fn, N_TRAIN, backward=True, repeat=1)
-    print(f"{name:32s} forward + backward: {train_cost[name][0]:6.2f} s, peak memory +{train_cost[name][1]:6.0f} MiB")
+    print(f"{pad_to(name, 32)} forward + backward: {train_cost[name][0]:6.2f} s, peak memory +{train_cost[name][1]:6.0f} MiB")
 glue("train_naive_mib", train_cost["naive (stores P)"][1], display=False)
 glue("train_autograd_mib", train_cost["flash_attention under autograd"][1], display=False)
 glue("train_flash_mib", train_cost["flash_attention_trainable"][1], display=False)
@@ -1762,12 +1765,12 @@ models = {  # name: (layers, query heads, key/value heads, head width)
     "Llama 2 70B if it were MHA": (80, 64, 64, 128),
 }
 context, batch_cache = 4096, 1
-print(f"{'model':28s} {'L':>3s} {'h':>3s} {'h_kv':>4s} {'d_h':>4s} {'KiB/token':>10s} {'GiB at 4096 tokens':>19s}")
+print(f"{pad_to('model', 28)} {pad_to('L', 3, '>')} {pad_to('h', 3, '>')} {pad_to('h_kv', 4, '>')} {pad_to('d_h', 4, '>')} {pad_to('KiB/token', 10, '>')} {pad_to('GiB at 4096 tokens', 19, '>')}")
 cache_gib = {}
 for name, (layers, h_q, h_kv, d_h) in models.items():
     per_token = 2 * layers * h_kv * d_h * 2                        # keys and values, 2 bytes each
     cache_gib[name] = per_token * context * batch_cache / 2**30
-    print(f"{name:28s} {layers:3d} {h_q:3d} {h_kv:4d} {d_h:4d} {per_token / 1024:10.0f} {cache_gib[name]:19.2f}")
+    print(f"{pad_to(name, 28)} {layers:3d} {h_q:3d} {h_kv:4d} {d_h:4d} {per_token / 1024:10.0f} {cache_gib[name]:19.2f}")
 glue("cache_70b", cache_gib["Llama 2 70B (GQA)"], display=False)
 glue("cache_70b_mha", cache_gib["Llama 2 70B if it were MHA"], display=False)
 
@@ -1830,8 +1833,11 @@ glue("naive_mem_8k", everything["naive attention", False][2][-1], display=False)
 #   {glue:text}`linear_time_slope:.2f`) and far faster at long lengths, but it is a
 #   different model: its similarity is flatter than the softmax's and a model must be
 #   trained with it.
-# - **Linformer** is linear for a fixed $k$; its accuracy depends on trained
-#   projections (Section 3), and it fixes the sequence length and cannot be causal.
+# - **Linformer** is linear for a fixed $k$; its accuracy depends on how well the
+#   projection fits the inputs, not on training it: in Section 3, at $k = 64$, untrained
+#   segment pooling was off by {glue:text}`lin_pool_64:.1%`, the projection trained for 120
+#   steps by {glue:text}`lin_trained_64:.0%` and a random one by {glue:text}`lin_random_64:.0%`.
+#   It fixes the sequence length and cannot be causal.
 # - **Sparse patterns** and **LSH** cut the keys each query sees; their cost is what
 #   they miss (Sections 2 and 5).
 #

@@ -83,6 +83,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # shared with other programs, can make training several times slower.
 torch.set_num_threads(1)
 
+# %% [include 01_bahdanau_attention:text_width tags=hide-input]
+
 # %% [markdown]
 # ## 1. GPT is a Transformer decoder, and nothing else
 #
@@ -278,14 +280,15 @@ def draw_cache_mask(P=5, N=3):
     ax.axvline(P - 0.5, color="black", lw=2)
     ax.set_xticks(range(P + N))
     ax.set_yticks(range(N), [f"{i} (pos {P + i})" for i in range(N)])
-    ax.text((P - 1) / 2, -0.75, text["past"], ha="center", fontsize=9)
-    ax.text(P + (N - 1) / 2, -0.75, text["new"], ha="center", fontsize=9)
+    top = ax.secondary_xaxis("top")   # the groups' names: matplotlib then puts the title above them
+    top.set_xticks([(P - 1) / 2, P + (N - 1) / 2], [text["past"], text["new"]])
+    top.tick_params(length=0, labelsize=9)
     for i in range(N):
         for j in range(P + N):
             ax.text(j, i, "1" if mask[i, j] else "0", ha="center", va="center", fontsize=8)
     ax.set_xlabel(text["x"])
     ax.set_ylabel(text["y"])
-    ax.set_title(text["title"], fontsize=10, pad=18)
+    ax.set_title(text["title"], fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -1112,7 +1115,7 @@ kept = {}
 for name, (scaled, kwargs) in rules.items():
     filtered = filter_logits(scaled.clone(), **kwargs)        # a copy: a filter may work in place
     kept[name] = (torch.softmax(filtered, dim=-1), filtered.isfinite())
-    print(f"{name:25s} keeps {int(kept[name][1].sum()):3d} of {len(chars)} characters")
+    print(f"{pad_to(name, 25)} keeps {int(kept[name][1].sum()):3d} of {len(chars)} characters")
 top_prob = torch.softmax(next_logits, -1).max().item()
 glue("top_prob", f"{top_prob:.2f}", display=False)
 glue("kept_p", f"{int(kept['top-p, p = 0.9'][1].sum())}", display=False)
@@ -1347,11 +1350,11 @@ def kv_cache_bytes(L, h_kv, d_head, n, batch=1, bytes_per_number=2):
     return 2 * L * h_kv * d_head * n * batch * bytes_per_number
 
 
-print(f"{'model':22s} {'L':>3s} {'h':>3s} {'h_kv':>4s} {'d_head':>6s} {'per token':>10s} "
-      f"{'n = 1,024':>10s} {'n = 4,096':>10s} {'if h_kv = h':>12s}")
+print(f"{pad_to('model', 22)} {pad_to('L', 3, '>')} {pad_to('h', 3, '>')} {pad_to('h_kv', 4, '>')} {pad_to('d_head', 6, '>')} {pad_to('per token', 10, '>')} "
+      f"{pad_to('n = 1,024', 10, '>')} {pad_to('n = 4,096', 10, '>')} {pad_to('if h_kv = h', 12, '>')}")
 for name, (L, h, h_kv, d_head) in MODEL_SHAPES.items():
     per_token = kv_cache_bytes(L, h_kv, d_head, 1)
-    print(f"{name:22s} {L:3d} {h:3d} {h_kv:4d} {d_head:6d} {per_token / 2**10:7.0f} KiB "
+    print(f"{pad_to(name, 22)} {L:3d} {h:3d} {h_kv:4d} {d_head:6d} {per_token / 2**10:7.0f} KiB "
           f"{kv_cache_bytes(L, h_kv, d_head, 1024) / 2**30:6.2f} GiB {kv_cache_bytes(L, h_kv, d_head, 4096) / 2**30:6.2f} GiB "
           f"{kv_cache_bytes(L, h, d_head, 4096) / 2**30:8.2f} GiB")
 llama70 = MODEL_SHAPES["Llama 2 70B (GQA)"]

@@ -129,6 +129,7 @@ _INLINE = [re.compile(p, re.S) for p in (  # math and code may wrap across lines
 _LINES = re.compile(r"^\s*(?:[`~:]{3,}\{?[\w-]*\}?|:[\w-]+:|\([\w:-]+\)=)", re.M)
 _FIELD = re.compile(r"(?<!\{)\{[^{}]*\}(?!\})")
 _CODE = re.compile(r"`[^`\n]+`")
+_TEXT_IN_MATH = re.compile(r"\\text\{[^{}]*\}")
 
 
 def markup(text: str, kind: str) -> collections.Counter:
@@ -142,6 +143,7 @@ def markup(text: str, kind: str) -> collections.Counter:
         return collections.Counter(_CODE.findall(text))
     found = collections.Counter(m.group(0).strip() for m in _LINES.finditer(text))
     prose = re.sub(r"^\s*[`~:]{3,}.*$", "", text, flags=re.M)  # fence lines are counted above
+    prose = _TEXT_IN_MATH.sub(r"\\text{}", prose)  # a formula's \text{...} words are text, said in the edition's language
     for pattern in _INLINE:
         found.update(" ".join(m.split()) for m in pattern.findall(prose))
     return found

@@ -39,6 +39,9 @@ TICKS = {"set_xticks", "set_yticks", "xticks", "yticks"}
 FIGURE_TEXT = re.compile(r"^(?:(?:\w*_)?(?:TEXT|text)|FIG_[A-Z0-9_]+)$")
 PRAGMA = re.compile(r"^#\s*(?:noqa|type:|pragma|fmt:|pylint:)")
 _WORD = re.compile(r"[A-Za-z]{2,}")
+# Words in a formula's \text{...} that read as a phrase ("for every ", " seen", "bytes per number"),
+# not a name ("mask", "logits"): a reader reads them, so the formula is translated.
+TEXT_IN_MATH_PROSE = re.compile(r"\\text\{[^{}]*(?:[A-Za-z]{2,} |\s[A-Za-z]{2,})[^{}]*\}")
 _NOT_PROSE = [re.compile(p, re.S | re.M) for p in (
     r"\$\$.*?\$\$", r"\$[^$\n]+\$", r"`[^`\n]*`", r"\{[a-z:-]+\}", r"\]\([^)]*\)", r"https?://\S+",
     r"^\s*\([\w:-]+\)=[ \t]*$", r"^\s*:[\w-]+:[^\n]*$", r"<!--.*?-->")]
@@ -89,8 +92,10 @@ def markdown_blocks(text: str) -> list[str]:
 def is_prose(block: str) -> bool:
     """Does a markdown block hold words outside math, code, roles, links and directive syntax?"""
     first = block.split("\n", 1)[0].strip()
-    if re.match(r"^(`{3,}|~{3,})(?!\{)", first) or first.startswith(("$$", "\\begin{")):
-        return False  # a code block or a display formula
+    if first.startswith(("$$", "\\begin{")):
+        return bool(TEXT_IN_MATH_PROSE.search(block))  # a display formula: prose only in its \text{...} words
+    if re.match(r"^(`{3,}|~{3,})(?!\{)", first):
+        return False  # a code block
     text = block
     for pattern in _NOT_PROSE:
         text = pattern.sub(" ", text)

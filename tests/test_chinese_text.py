@@ -28,7 +28,7 @@ from test_book import book  # noqa: F401 - the built book, for the tests that re
 from coursegen import catalogs, headings
 from coursegen.edition_notes import NOTES
 from coursegen.front_matter import GLOSSED_ONCE_IN_THE_BOOK, glossary
-from coursegen.translatable import _NOT_PROSE, markdown_blocks, translate_code
+from coursegen.translatable import _NOT_PROSE, TEXT_IN_MATH_PROSE, markdown_blocks, translate_code
 from coursekit.conventions import chapter_names, figure_font_setup
 
 LANGUAGE = "zh_CN"
@@ -185,6 +185,17 @@ def test_no_english_is_left_where_a_chinese_reader_reads(chapter):
     found = _untranslated(chapter)
     assert not found, f"{chapter}: {len(found)} places still in English (a catalog entry to translate, or a " \
                       "string translatable.py does not find yet):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_formulas_say_their_words_in_chinese(chapter):
+    """A formula's words (``\\text{for every } pos``) are read too: the catalogs translate the formula."""
+    allowed = NOT_PROSE | _identifiers(chapter)
+    found = [f"cell {number}: {m.group(0)!r}" for number, cell in enumerate(_notebook(chapter).cells)
+             if cell.cell_type == "markdown" for m in TEXT_IN_MATH_PROSE.finditer(cell.source)
+             if not re.search(r'\\text\{\s*"', m.group(0))  # a quoted example stays as written
+             and [w for w in re.findall(r"[A-Za-z]{3,}", m.group(0)[6:]) if w not in allowed]]
+    assert not found, f"{chapter}: English words in formulas:\n" + "\n".join(found)
 
 
 def test_the_english_check_finds_english(monkeypatch):
