@@ -269,6 +269,7 @@ def edition_config(language: str, lookup) -> str:
     if lookup is not None:
         title = lookup(f"# {config['title']}")  # the front page's heading, without its glossary note
         config["title"] = re.sub(r"（[^）]*）", "", title[2:]) if title else config["title"]
+        config["author"] = lookup(config["author"]) or config["author"]  # the footer of every page
     with_launch_buttons(config, language)
     return yaml.safe_dump(config, allow_unicode=True, sort_keys=False)
 

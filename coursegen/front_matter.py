@@ -40,6 +40,9 @@ def front_matter_units() -> list[tuple[str, str]]:
             if is_prose(block):
                 found.append((block, f"{name}:{whole[:whole.find(block)].count(chr(10)) + 1}"))
     found += [(header, f"{GLOSSARY.relative_to(ROOT)}:1") for header in _glossary_rows()[0]]
+    config = (ROOT / "_config.yml").read_text()
+    author = re.search(r"^author: *(.+)$", config, re.M)
+    found.append((author.group(1).strip(), f"_config.yml:{config[:author.start()].count(chr(10)) + 1}"))  # every page's footer
     return found
 
 

@@ -114,6 +114,14 @@ def test_the_chinese_glossary_page_has_chinese_column_headers_and_every_row():
     assert table == rows, "the Chinese glossary page does not show the glossary's rows as they are"
 
 
+def test_the_chinese_pages_footer_names_the_authors_in_chinese():
+    import yaml
+
+    from coursegen.book import edition_config
+    config = yaml.safe_load(edition_config(LANGUAGE, catalogs.translations(catalogs.FRONT_MATTER, LANGUAGE).get))
+    assert HAN.search(config["author"]) and not re.search(r"[A-Za-z]{3,}", config["author"]), config["author"]
+
+
 # --------------------------------------------------------------------------- notebooks
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
