@@ -1261,7 +1261,7 @@ started = time.perf_counter()
 train(copy_attn, lambda: copy_batch(copy_gen, BATCH), COPY_STEPS)
 print(f"trained in {time.perf_counter() - started:.0f} s")
 acc_attn = copy_accuracy_by_length(copy_attn)
-print(pad_to("length", 16) + "".join(f"{L:6d}" for L in acc_attn))
+print(f"{pad_to('length', 16)}" + "".join(f"{L:6d}" for L in acc_attn))
 print(pad_to("no attention", 16) + "".join(f"{a:6.2f}" for a in acc_fixed.values()))
 print(pad_to("attention", 16) + "".join(f"{a:6.2f}" for a in acc_attn.values()))
 
