@@ -529,22 +529,30 @@ assert ms_out.shape == (2, 3, 16) and ms_w.shape == (2, 4, 3, 5), \
     f"with 3 queries and 5 keys: expected output (2, 3, 16) and weights (2, 4, 3, 5), got {tuple(ms_out.shape)}, {tuple(ms_w.shape)}"
 
 # %% [test test_MultiHeadAttention_values points=2]
-"""Values: each head attends on its own slice, scaled by 1/sqrt(d_k), heads concatenated in order, then W_o."""
+"""Values: each head attends on its own slice, scaled by 1/sqrt(d_k), heads concatenated in order, then W_o.
+
+Query, key and value are three different sequences (of one length), so that each must be projected by its own matrix."""
 torch.manual_seed(1)
 mv = MultiHeadAttention(d_model=12, num_heads=3)
-mv_x = torch.randn(2, 6, 12)
-mv_out, mv_w = mv(mv_x, mv_x, mv_x)
+mv_x, mv_key, mv_value = torch.randn(2, 6, 12), torch.randn(2, 6, 12), torch.randn(2, 6, 12)
+mv_out, mv_w = mv(mv_x, mv_key, mv_value)
+assert mv_w.shape == (2, 3, 6, 6), \
+    f"weights should be (B, h, N, N) = (2, 3, 6, 6), got {tuple(mv_w.shape)}: return every head's weights, not their average"
 with torch.no_grad():
-    mv_q, mv_k, mv_v = mv.W_q(mv_x), mv.W_k(mv_x), mv.W_v(mv_x)   # (B, N, 12) each
-    mv_heads, mv_ws, mv_ws_dmodel = [], [], []
+    mv_q, mv_k, mv_v = mv.W_q(mv_x), mv.W_k(mv_key), mv.W_v(mv_value)   # (B, N, 12) each
+    mv_heads, mv_ws, mv_ws_dmodel, mv_ws_twice, mv_heads_vk = [], [], [], [], []
     for i in range(3):                                            # the formula, one head at a time
         sl = slice(4 * i, 4 * (i + 1))
         s = mv_q[..., sl] @ mv_k[..., sl].transpose(-2, -1)
         mv_ws.append(torch.softmax(s / math.sqrt(4), dim=-1))
         mv_ws_dmodel.append(torch.softmax(s / math.sqrt(12), dim=-1))
+        mv_ws_twice.append(torch.softmax(s / 4, dim=-1))         # 1/sqrt(d_k), twice
         mv_heads.append(mv_ws[-1] @ mv_v[..., sl])
+        mv_heads_vk.append(mv_ws[-1] @ mv.W_v(mv_key)[..., sl])  # values projected from the keys
     mv_concat = torch.cat(mv_heads, dim=-1)                       # (B, N, 12), head 0 first
     mv_expected = mv.W_o(mv_concat)
+assert not torch.allclose(mv_w, torch.stack(mv_ws_twice, 1), atol=1e-5), \
+    "scores scaled twice (by 1/d_k): scale by 1/sqrt(d_k) once, in the layer or in scaled_dot_product_attention, not in both"
 assert not torch.allclose(mv_w, torch.stack(mv_ws_dmodel, 1), atol=1e-5), \
     "scores scaled by 1/sqrt(d_model): each head is scaled by 1/sqrt(d_k), d_k = d_model // num_heads"
 assert torch.allclose(mv_w, torch.stack(mv_ws, 1), atol=1e-5), \
@@ -552,6 +560,8 @@ assert torch.allclose(mv_w, torch.stack(mv_ws, 1), atol=1e-5), \
 assert not torch.allclose(mv_out, mv_concat, atol=1e-5), "W_o forgotten: apply self.W_o to the concatenated heads"
 assert not torch.allclose(mv_out, mv.W_o(torch.stack(mv_heads, 1).reshape(2, 6, 12)), atol=1e-5), \
     "heads merged in the wrong order: transpose (B, h, N, d_k) to (B, N, h, d_k) before flattening"
+assert not torch.allclose(mv_out, mv.W_o(torch.cat(mv_heads_vk, dim=-1)), atol=1e-5), \
+    "values projected from the keys: the values are W_v(value), the third argument, not W_v(key)"
 assert torch.allclose(mv_out, mv_expected, atol=1e-5), "output differs from W_o(Concat(head_1, ..., head_h))"
 # The same layer in PyTorch: nn.MultiheadAttention with our weights copied in.
 mv_torch = nn.MultiheadAttention(12, 3, batch_first=True)
@@ -560,7 +570,7 @@ with torch.no_grad():
     mv_torch.in_proj_bias.copy_(torch.cat([mv.W_q.bias, mv.W_k.bias, mv.W_v.bias]))
     mv_torch.out_proj.weight.copy_(mv.W_o.weight)
     mv_torch.out_proj.bias.copy_(mv.W_o.bias)
-    mv_t_out, mv_t_w = mv_torch(mv_x, mv_x, mv_x, average_attn_weights=False)
+    mv_t_out, mv_t_w = mv_torch(mv_x, mv_key, mv_value, average_attn_weights=False)
 assert torch.allclose(mv_out, mv_t_out, atol=1e-5) and torch.allclose(mv_w, mv_t_w, atol=1e-5), \
     "differs from torch.nn.MultiheadAttention with the same weights"
 
@@ -575,9 +585,15 @@ for mh_h in [1, 2, 4, 8]:
         mh_q = mh.W_q(mh_x).view(1, 5, mh_h, 8 // mh_h).transpose(1, 2)
         mh_k = mh.W_k(mh_x).view(1, 5, mh_h, 8 // mh_h).transpose(1, 2)
         mh_ref_w = torch.softmax(mh_q @ mh_k.transpose(-2, -1) / math.sqrt(8 // mh_h), dim=-1)
-    assert mh_w.shape == (1, mh_h, 5, 5), f"with {mh_h} heads the weights should be (1, {mh_h}, 5, 5), got {tuple(mh_w.shape)}"
+        mh_twice = torch.softmax(mh_q @ mh_k.transpose(-2, -1) / (8 // mh_h), dim=-1)
+    assert mh_w.shape == (1, mh_h, 5, 5), \
+        f"with num_heads={mh_h} the weights should be (1, {mh_h}, 5, 5), got {tuple(mh_w.shape)}: " \
+        "return every head's weights, not their average"
+    assert mh_h == 8 or not torch.allclose(mh_w, mh_twice, atol=1e-5), \
+        f"scores scaled twice (by 1/d_k = 1/{8 // mh_h}, num_heads={mh_h}): " \
+        "scale by 1/sqrt(d_k) once, in the layer or in scaled_dot_product_attention, not in both"
     assert torch.allclose(mh_w, mh_ref_w, atol=1e-5), \
-        f"weights wrong with {mh_h} head(s): split W_q(x), W_k(x) into num_heads slices of d_k = d_model // num_heads and scale by 1/sqrt(d_k)"
+        f"weights wrong with num_heads={mh_h}: split W_q(x), W_k(x) into num_heads slices of d_k = d_model // num_heads and scale by 1/sqrt(d_k)"
 
 # %% [test test_MultiHeadAttention_cross_attention points=1]
 """Cross-attention: queries from one sequence, keys and values from another (N_q != N_k, key != value)."""
@@ -591,7 +607,10 @@ with torch.no_grad():
     mc_v = mc.W_v(mc_val).view(2, 6, 2, 4).transpose(1, 2)
     mc_ref_w = torch.softmax(mc_q @ mc_k.transpose(-2, -1) / 2.0, dim=-1)
     mc_ref = mc.W_o((mc_ref_w @ mc_v).transpose(1, 2).reshape(2, 3, 8))
-assert mc_w.shape == (2, 2, 3, 6), f"weights should be (B, h, N_q, N_k) = (2, 2, 3, 6), got {tuple(mc_w.shape)}"
+assert mc_w.shape == (2, 2, 3, 6), \
+    f"weights should be (B, h, N_q, N_k) = (2, 2, 3, 6), got {tuple(mc_w.shape)}: return every head's weights, not their average"
+assert not torch.allclose(mc_w, torch.softmax(mc_q @ mc_k.transpose(-2, -1) / 4.0, dim=-1), atol=1e-5), \
+    "scores scaled twice (by 1/d_k): scale by 1/sqrt(d_k) once, in the layer or in scaled_dot_product_attention, not in both"
 assert torch.allclose(mc_w, mc_ref_w, atol=1e-5), \
     "weights wrong: queries come from W_q(query), keys from W_k(key)"
 assert torch.allclose(mc_out, mc_ref, atol=1e-5), \
@@ -604,6 +623,7 @@ mm = MultiHeadAttention(d_model=8, num_heads=2)
 mm_x = torch.randn(2, 5, 8)
 mm_causal = torch.ones(5, 5, dtype=torch.bool).tril()
 mm_out, mm_w = mm(mm_x, mm_x, mm_x, mask=mm_causal)
+assert mm_w.dim() == 4, f"weights are {tuple(mm_w.shape)}: return every head's weights, (B, h, N, N), not their average"
 assert mm_w.shape == (2, 2, 5, 5), f"an (N, N) mask must broadcast to (B, h, N, N); weights are {tuple(mm_w.shape)}"
 assert not torch.isnan(mm_w).any(), "NaN weights: is the mask polarity inverted? True means MAY attend"
 assert (mm_w[..., ~mm_causal] == 0).all(), \
@@ -618,31 +638,39 @@ assert torch.allclose(mm_out[:, :3], mm_out2[:, :3], atol=1e-5), \
 """A (B, 1, 1, N_k) padding mask hides the padded keys of each sequence in every head."""
 torch.manual_seed(5)
 mp = MultiHeadAttention(d_model=8, num_heads=2)
-mp_q, mp_kv = torch.randn(2, 4, 8), torch.randn(2, 6, 8)
+mp_q, mp_kv, mp_val = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 8)
 mp_pad = (torch.arange(6) < torch.tensor([6, 2])[:, None])[:, None, None, :]   # (B, 1, 1, N_k)
-mp_out, mp_w = mp(mp_q, mp_kv, mp_kv, mask=mp_pad)
+mp_out, mp_w = mp(mp_q, mp_kv, mp_val, mask=mp_pad)
+assert mp_w.dim() == 4, f"weights are {tuple(mp_w.shape)}: return every head's weights, (B, h, N_q, N_k), not their average"
 assert mp_w.shape == (2, 2, 4, 6), f"a (B, 1, 1, N_k) mask must broadcast to (B, h, N_q, N_k); weights are {tuple(mp_w.shape)}"
 assert not torch.isnan(mp_w).any(), "NaN weights: is the mask polarity inverted? True means MAY attend"
 assert (mp_w[1, :, :, 2:] == 0).all(), "padded keys (mask False) must get 0 weight in every head"
 assert torch.allclose(mp_w.sum(-1), torch.ones(2, 2, 4), atol=1e-5), \
     "rows must still sum to 1: mask the scores before the softmax"
-mp_kv2 = mp_kv.clone()
-mp_kv2[1, 2:] = torch.randn(4, 8)                  # change only the padding of sequence 1
-mp_out2, _ = mp(mp_q, mp_kv2, mp_kv2, mask=mp_pad)
-assert torch.allclose(mp_out[1], mp_out2[1], atol=1e-5), "the output must not depend on padded keys"
+mp_kv2, mp_val2 = mp_kv.clone(), mp_val.clone()
+mp_kv2[1, 2:], mp_val2[1, 2:] = torch.randn(4, 8), torch.randn(4, 8)   # change only the padding of sequence 1
+mp_out2, _ = mp(mp_q, mp_kv2, mp_val2, mask=mp_pad)
+assert torch.allclose(mp_out[1], mp_out2[1], atol=1e-5), "the output must not depend on padded keys or values"
+with torch.no_grad():
+    mp_v = mp.W_v(mp_val).view(2, 6, 2, 4).transpose(1, 2)
+    mp_expected = mp.W_o((mp_w @ mp_v).transpose(1, 2).reshape(2, 4, 8))
+assert torch.allclose(mp_out, mp_expected, atol=1e-5), \
+    "the output is not W_o of the weights times the values: values come from W_v(value), the third argument, not from key"
 
 # %% [test test_MultiHeadAttention_gradients points=1]
-"""Gradients reach W_q, W_k, W_v and W_o, and the inputs."""
+"""Gradients reach W_q, W_k, W_v and W_o, and each of query, key and value."""
 torch.manual_seed(5)
 mgr = MultiHeadAttention(d_model=8, num_heads=2)
-mgr_x = torch.randn(2, 4, 8, requires_grad=True)
-mgr_out, _ = mgr(mgr_x, mgr_x, mgr_x)
+mgr_x, mgr_key, mgr_value = (torch.randn(2, 4, 8, requires_grad=True) for _ in range(3))
+mgr_out, _ = mgr(mgr_x, mgr_key, mgr_value)
 (mgr_out * torch.randn_like(mgr_out)).sum().backward()
 for mgr_name in ["W_q.weight", "W_k.weight", "W_v.weight", "W_v.bias", "W_o.weight", "W_o.bias"]:
     mgr_p = dict(mgr.named_parameters())[mgr_name]
     assert mgr_p.grad is not None and mgr_p.grad.abs().sum() > 0, \
         f"{mgr_name} received no gradient: is it used in forward (no .detach(), .data, .numpy())?"
-assert mgr_x.grad is not None and torch.isfinite(mgr_x.grad).all(), "no finite gradient reaches the input"
+for mgr_name, mgr_input in [("query", mgr_x), ("key", mgr_key), ("value", mgr_value)]:
+    assert mgr_input.grad is not None and torch.isfinite(mgr_input.grad).all() and mgr_input.grad.abs().sum() > 0, \
+        f"no gradient reaches `{mgr_name}`: queries come from W_q(query), keys from W_k(key), values from W_v(value)"
 
 # %% [markdown]
 # ## 5. The same computation as `torch.nn.MultiheadAttention`
@@ -1224,6 +1252,8 @@ def _mha(m, query, key, value, mask=None, scale=None, split="ok", merge="ok", w_
         key = value = query
     elif kv_from == "swap":
         key, value = value, key
+    elif kv_from == "key":
+        value = key
     q = _split(m.W_q(query), h, split)
     k = _split(m.W_k(key), h, split)
     v = _split(m.W_v(value), h, split)
@@ -1237,9 +1267,30 @@ def _mha(m, query, key, value, mask=None, scale=None, split="ok", merge="ok", w_
     return (m.W_o(out) if w_o else out), weights
 
 
+def _scaled_twice(d_model, d_k, coinciding):
+    """1/d_k: scaled by 1/sqrt(d_k) in the layer and again in scaled_dot_product_attention. Where
+    d_k * d_k == d_model that is also 1/sqrt(d_model): one model for each case, so a message never
+    blames one of the two for the other."""
+    if (d_k * d_k == d_model) != coinciding:
+        raise ValueError("this mistake model does not apply to these sizes")
+    return 1 / d_k
+
+
+def _weights_averaged(m, *args, **kwargs):
+    out, weights = _mha(m, *args, **kwargs)
+    return out, weights.mean(dim=1)
+
+
 MHA_MISTAKES = [
     Mistake("W_o forgotten: apply self.W_o to the concatenated heads",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, w_o=False)),
+    Mistake("scores scaled by 1/d_k, which for these sizes is also 1/sqrt(d_model): scores scaled twice "
+            "(in the layer and again in scaled_dot_product_attention), or by 1/sqrt(d_model); scale each "
+            "head once, by 1/sqrt(d_k)",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: _scaled_twice(d, dk, True))),
+    Mistake("scores scaled twice (by 1/d_k): scale by 1/sqrt(d_k) once, in the layer or in "
+            "scaled_dot_product_attention, not in both",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: _scaled_twice(d, dk, False))),
     Mistake("scores scaled by 1/sqrt(d_model): each head is scaled by 1/sqrt(d_k), d_k = d_model // num_heads",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: 1 / math.sqrt(d))),
     Mistake("scores not scaled by 1/sqrt(d_k)",
@@ -1259,6 +1310,10 @@ MHA_MISTAKES = [
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="query")),
     Mistake("key and value swapped: keys come from W_k(key), values from W_v(value)",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="swap")),
+    Mistake("values projected from the keys: the values are W_v(value), the third argument, not W_v(key)",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="key")),
+    Mistake("weights averaged over the heads: return every head's weights, shape (B, h, N_q, N_k)",
+            lambda m, q, k, v, mask=None: _weights_averaged(m, q, k, v, mask)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, invert=True)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
@@ -1294,7 +1349,7 @@ def _(t):
     x = t.randn(2, 5, 8)
     for h in (1, 2, 4, 8):
         t.module("MultiHeadAttention", dict(d_model=8, num_heads=h), x, x.clone(), x.clone(),
-                 label=f"d_model=8, {h} head(s)", **MHA)
+                 label=f"d_model=8, num_heads={h}", **MHA)
 
 
 @hidden.test("test_MultiHeadAttention_cross_attention")

@@ -188,12 +188,40 @@ ADDITIVE_MISTAKES = [
 AA = dict(mistakes=ADDITIVE_MISTAKES, checks=[rows_sum_to_one], deps=("masked_softmax",))
 
 
+def _context_averages_values(probe, value):
+    """The context is the returned weights' average of the values (whatever the scores were)."""
+    context, weights = value
+    if torch.allclose(context, (weights.unsqueeze(1) @ probe.args[2]).squeeze(1), atol=1e-5):
+        return None
+    return "the context is not sum_t weights[b, t] * values[b, t]: average the VALUES with the returned weights"
+
+
+def _sums_to_one_over_positions(weights):
+    sums = weights.sum(-1)
+    return torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
+
+
+def _same_shapes_and_distributions(student, other):
+    """The shapes test's rule: against the reference (or a mistake whose weights are distributions), the
+    same shapes and weights that sum to 1; against any other mistake, its values (so it can be named)."""
+    if not isinstance(student, tuple) or any(getattr(s, "shape", None) != o.shape for s, o in zip(student, other)):
+        return False
+    if _sums_to_one_over_positions(other[1]):
+        return _sums_to_one_over_positions(student[1])
+    return all(close(s, o) for s, o in zip(student, other))
+
+
+# The shapes test judges shapes, weights that are distributions and a context that averages the values:
+# a wrong score (tanh missing, v_a missing) costs the values and mask tests, not this one.
+AA_SHAPES = dict(AA, checks=[_context_averages_values], equivalent=_same_shapes_and_distributions)
+
+
 @hidden.test("test_AdditiveAttention_shapes")
 def _(t):
     t.module("AdditiveAttention", dict(query_dim=5, key_dim=6, hidden_dim=4),
-             t.randn(2, 5), t.randn(2, 7, 6), t.randn(2, 7, 3), label="d_q=5, d_k=6, d_v=3, d_a=4", **AA)
+             t.randn(2, 5), t.randn(2, 7, 6), t.randn(2, 7, 3), label="d_q=5, d_k=6, d_v=3, d_a=4", **AA_SHAPES)
     t.module("AdditiveAttention", dict(query_dim=3, key_dim=8, hidden_dim=10),
-             t.randn(4, 3), t.randn(4, 2, 8), t.randn(4, 2, 8), label="B=4, T=2, keys = values", **AA)
+             t.randn(4, 3), t.randn(4, 2, 8), t.randn(4, 2, 8), label="B=4, T=2, keys = values", **AA_SHAPES)
 
 
 @hidden.test("test_AdditiveAttention_values")

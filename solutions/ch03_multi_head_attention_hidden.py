@@ -77,6 +77,8 @@ def _mha(m, query, key, value, mask=None, scale=None, split="ok", merge="ok", w_
         key = value = query
     elif kv_from == "swap":
         key, value = value, key
+    elif kv_from == "key":
+        value = key
     q = _split(m.W_q(query), h, split)
     k = _split(m.W_k(key), h, split)
     v = _split(m.W_v(value), h, split)
@@ -90,9 +92,30 @@ def _mha(m, query, key, value, mask=None, scale=None, split="ok", merge="ok", w_
     return (m.W_o(out) if w_o else out), weights
 
 
+def _scaled_twice(d_model, d_k, coinciding):
+    """1/d_k: scaled by 1/sqrt(d_k) in the layer and again in scaled_dot_product_attention. Where
+    d_k * d_k == d_model that is also 1/sqrt(d_model): one model for each case, so a message never
+    blames one of the two for the other."""
+    if (d_k * d_k == d_model) != coinciding:
+        raise ValueError("this mistake model does not apply to these sizes")
+    return 1 / d_k
+
+
+def _weights_averaged(m, *args, **kwargs):
+    out, weights = _mha(m, *args, **kwargs)
+    return out, weights.mean(dim=1)
+
+
 MHA_MISTAKES = [
     Mistake("W_o forgotten: apply self.W_o to the concatenated heads",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, w_o=False)),
+    Mistake("scores scaled by 1/d_k, which for these sizes is also 1/sqrt(d_model): scores scaled twice "
+            "(in the layer and again in scaled_dot_product_attention), or by 1/sqrt(d_model); scale each "
+            "head once, by 1/sqrt(d_k)",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: _scaled_twice(d, dk, True))),
+    Mistake("scores scaled twice (by 1/d_k): scale by 1/sqrt(d_k) once, in the layer or in "
+            "scaled_dot_product_attention, not in both",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: _scaled_twice(d, dk, False))),
     Mistake("scores scaled by 1/sqrt(d_model): each head is scaled by 1/sqrt(d_k), d_k = d_model // num_heads",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, scale=lambda d, dk: 1 / math.sqrt(d))),
     Mistake("scores not scaled by 1/sqrt(d_k)",
@@ -112,6 +135,10 @@ MHA_MISTAKES = [
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="query")),
     Mistake("key and value swapped: keys come from W_k(key), values from W_v(value)",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="swap")),
+    Mistake("values projected from the keys: the values are W_v(value), the third argument, not W_v(key)",
+            lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, kv_from="key")),
+    Mistake("weights averaged over the heads: return every head's weights, shape (B, h, N_q, N_k)",
+            lambda m, q, k, v, mask=None: _weights_averaged(m, q, k, v, mask)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
             lambda m, q, k, v, mask=None: _mha(m, q, k, v, mask, invert=True)),
     Mistake("mask polarity inverted: True means the query MAY attend to the key",
@@ -147,7 +174,7 @@ def _(t):
     x = t.randn(2, 5, 8)
     for h in (1, 2, 4, 8):
         t.module("MultiHeadAttention", dict(d_model=8, num_heads=h), x, x.clone(), x.clone(),
-                 label=f"d_model=8, {h} head(s)", **MHA)
+                 label=f"d_model=8, num_heads={h}", **MHA)
 
 
 @hidden.test("test_MultiHeadAttention_cross_attention")

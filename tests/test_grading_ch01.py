@@ -210,12 +210,14 @@ MISTAKES = {
     "dot_transposed": (sub({"dot_score": dot_score("return keys @ query.T")}),
                        {t: "returned shape" for t in DOT_TESTS}),
     # AdditiveAttention
+    # A wrong score costs the values and the mask tests; the shapes test judges shapes, distributions
+    # and the context's average of the values, which such a score leaves right.
     "additive_no_tanh": (sub({"AdditiveAttention": additive_with("scores = self.v_a(q + k).squeeze(-1)")}),
-                         {t: "tanh missing" for t in AA_TESTS}),
+                         {t: "tanh missing" for t in AA_TESTS[1:]}),
     "additive_no_v_a": (sub({"AdditiveAttention": additive_with("scores = torch.tanh(q + k).sum(-1)")}),
-                        {t: "v_a missing" for t in AA_TESTS}),
+                        {t: "v_a missing" for t in AA_TESTS[1:]}),
     "additive_v_a_first": (sub({"AdditiveAttention": additive_with("scores = torch.tanh(self.v_a(q + k)).squeeze(-1)")}),
-                           {t: "wrong order" for t in AA_TESTS}),
+                           {t: "wrong order" for t in AA_TESTS[1:]}),
     "additive_swapped": (sub({"AdditiveAttention": additive("""
             scores = self.v_a(torch.tanh(self.W_a(keys) + self.U_a(query).unsqueeze(1))).squeeze(-1)
             weights = masked_softmax(scores, mask)
@@ -281,7 +283,7 @@ INDEPENDENT = {
     "broken_additive": (sub({"AdditiveAttention": additive("""
             weights = torch.full(keys.shape[:2], 1.0 / keys.shape[1])
             return values.mean(dim=1), weights
-        """)}), {t: "output and weights differ from the reference" for t in AA_TESTS}),
+        """)}), {t: "output and weights differ from the reference" for t in AA_TESTS[1:]}),  # its shapes are right
     "stub_additive_and_masked_softmax": (sub({
         "AdditiveAttention": additive("raise NotImplementedError()"),
         "masked_softmax": masked_softmax("raise NotImplementedError()")}),

@@ -225,7 +225,28 @@ MISTAKES = {
             v = split_heads(self.W_v(value), self.num_heads)
             out, w = scaled_dot_product_attention(q, k, v, mask)
             return self.W_o(merge_heads(out)), w.mean(dim=1)
-        """)}), {t: "returned shape" for t in MHA_TESTS}),
+        """)}), {t: "averaged over the heads" for t in MHA_TESTS}),
+    # The layer scales the queries and then calls the attention, which scales again: 1/d_k. Every
+    # test has a probe with d_k > 1 (at d_model=16, 4 heads, 1/d_k is also 1/sqrt(d_model): the message says both).
+    "mha_scaled_twice": (sub({"MultiHeadAttention": mha("""
+            q = split_heads(self.W_q(query), self.num_heads) / math.sqrt(self.d_k)
+            k = split_heads(self.W_k(key), self.num_heads)
+            v = split_heads(self.W_v(value), self.num_heads)
+            out, w = scaled_dot_product_attention(q, k, v, mask)
+            return self.W_o(merge_heads(out)), w
+        """)}), {t: "scaled twice" for t in MHA_TESTS}),
+    # Self-attention (key is value) cannot tell; every test with key != value must.
+    "mha_values_from_keys": (sub({"MultiHeadAttention": mha("""
+            q = split_heads(self.W_q(query), self.num_heads)
+            k = split_heads(self.W_k(key), self.num_heads)
+            v = split_heads(self.W_v(key), self.num_heads)
+            out, w = scaled_dot_product_attention(q, k, v, mask)
+            return self.W_o(merge_heads(out)), w
+        """)}), {"test_MultiHeadAttention_shapes": "values projected from the keys",
+                 "test_MultiHeadAttention_cross_attention": "values projected from the keys",
+                 "test_MultiHeadAttention_padding_mask": "values projected from the keys",
+                 # self-attention values agree, the gradients go to `key` instead of `value`
+                 "test_MultiHeadAttention_gradients": "gradient with respect to `key`"}),
     "builtin_multihead_attention": (sub({"MultiHeadAttention": mha("""
             m = nn.MultiheadAttention(query.shape[-1], self.num_heads, batch_first=True)
             with torch.no_grad():
