@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import solutions.ch08_modern_attention as ref
-from autograder.hidden import HiddenTests, Mistake
+from autograder.hidden import HiddenTests, Mistake, close
 
 hidden = HiddenTests(ref, from_scratch={"ModernAttention", "MultiHeadLatentAttention"})
 
@@ -118,7 +118,7 @@ def _(t):
 
 
 def _attn(m, x, past=None, qk_norm="before", heads="group", scale="head", offset=True, store="rotated",
-          cache_order="past_first", mask_offset=0):
+          cache_order="past_first", mask_offset=0, cache_mask=True):
     B, N, _ = x.shape
     h, h_kv, d = m.num_heads, m.num_kv_heads, m.head_dim
     q = m.q_proj(x).view(B, N, h, d).transpose(1, 2)
@@ -155,7 +155,8 @@ def _attn(m, x, past=None, qk_norm="before", heads="group", scale="head", offset
     s = q_r @ k_rep.transpose(-2, -1)
     s = s / {"head": math.sqrt(d), "model": math.sqrt(x.size(-1)), "none": 1.0, "qdim": math.sqrt(h * d)}[scale]
     T = k_all.size(2)
-    s = s.masked_fill(~torch.ones(N, T, dtype=torch.bool).tril(diagonal=T - N + mask_offset), float("-inf"))
+    diagonal = (T - N if cache_mask else 0) + mask_offset
+    s = s.masked_fill(~torch.ones(N, T, dtype=torch.bool).tril(diagonal=diagonal), float("-inf"))
     y = (s.softmax(-1) @ v_rep).transpose(1, 2).reshape(B, N, h * d)
     return m.o_proj(y), (k_store, v_all)
 
@@ -192,6 +193,55 @@ def _kv_past(t, B, h_kv, P, d, dtype=torch.float32):
     return (t.randn(B, h_kv, P, d, dtype=dtype), t.randn(B, h_kv, P, d, dtype=dtype))
 
 
+def _close_all(a, b):
+    if isinstance(b, (tuple, list)):
+        return isinstance(a, (tuple, list)) and len(a) == len(b) and all(_close_all(x, y) for x, y in zip(a, b))
+    return close(a, b)
+
+
+def _judge_part(index):
+    """Judge one returned value of (y, present) only: each test judges its own property."""
+    return lambda student, expected: isinstance(student, (tuple, list)) and len(student) == len(expected) \
+        and _close_all(student[index], expected[index])
+
+
+def _state(t, name, init, dtype=torch.float32):
+    """Random parameter values for the reference class `name`, as a probe of a given helper passes them."""
+    return {n: t.randn(*p.shape, dtype=dtype) * 0.5 for n, p in getattr(ref, name)(**init).named_parameters()}
+
+
+def _steps_with(**change):
+    """attention_steps_gap for the reference layer with a mistake: (present, gap) as the helper returns them."""
+    def compute(init, state, x, split):
+        m = ref.built_with(ref.ModernAttention, init, state, x.dtype)
+        y_all, _ = _attn(m, x, **change)
+        y_first, past = _attn(m, x[:, :split], **change)
+        y_rest, present = _attn(m, x[:, split:], past, **change)
+        return present, ref.relative_gap(torch.cat([y_first, y_rest], dim=1), y_all)
+    return compute
+
+
+def _steps_hint(probe, value):
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], torch.Tensor) \
+            and value[1].numel() == 1 and not value[1].item() < 1e-4:
+        return (f"a prefix call and then the rest with the cache give another output than one call on all tokens "
+                f"(largest relative difference {value[1].item():.1e}): rotate the new queries at positions "
+                f"P .. P+N-1 and mask with tril(diagonal=P) on the (N, P+N) grid")
+    return None
+
+
+STEPS_MISTAKES = [
+    Mistake("positions restart at 0 with a cache: the new tokens are rotated at positions P .. P+N-1, "
+            "P = past[0].size(2)", _steps_with(offset=False)),
+    Mistake("the cached keys were stored before the rotation: present holds the keys after normalisation AND "
+            "rotation", _steps_with(store="raw")),
+    Mistake("cache concatenated in the wrong order: the past FOLLOWED by the new keys and values",
+            _steps_with(cache_order="new_first")),
+    Mistake("the causal mask ignores the cache: on the (N, P+N) grid of a call with a cache, the query at "
+            "position P+n sees keys 0 .. P+n (tril(diagonal=P))", _steps_with(cache_mask=False)),
+]
+
+
 @hidden.test("test_ModernAttention_no_cache")
 def _(t):
     t.module("ModernAttention", dict(d_model=16, num_heads=4, num_kv_heads=2, head_dim=6, rope_base=100.0),
@@ -210,14 +260,26 @@ def _(t):
 
 @hidden.test("test_ModernAttention_cache")
 def _(t):
+    # The cache's contents, against the reference's (the output with a random past also depends on
+    # the head mapping and the scale, which test_ModernAttention_no_cache judges) ...
+    present = dict(ATTN, equivalent=_judge_part(1))
     t.module("ModernAttention", dict(d_model=16, num_heads=4, num_kv_heads=2, head_dim=6, rope_base=100.0),
-             t.randn(2, 1, 16), _kv_past(t, 2, 2, 6, 6), label="one new token, a cache of 6", **ATTN)
+             t.randn(2, 1, 16), _kv_past(t, 2, 2, 6, 6), label="one new token, a cache of 6", **present)
     t.module("ModernAttention", dict(d_model=12, num_heads=6, num_kv_heads=2, head_dim=4, rope_base=50.0),
-             t.randn(3, 3, 12), _kv_past(t, 3, 2, 4, 4), label="3 new tokens, a cache of 4", **ATTN)
+             t.randn(3, 3, 12), _kv_past(t, 3, 2, 4, 4), label="3 new tokens, a cache of 4", **present)
     t.module("ModernAttention", dict(d_model=8, num_heads=2, num_kv_heads=1, head_dim=4), t.randn(1, 2, 8),
-             past=_kv_past(t, 1, 1, 9, 4), label="2 new tokens, a cache of 9 (past as a keyword)", **ATTN)
-    t.module("ModernAttention", dict(d_model=8, num_heads=4, num_kv_heads=2, head_dim=4), t.randn(2, 2, 8),
-             _kv_past(t, 2, 2, 3, 4), grad=True, label="gradients with a cache", **ATTN)
+             past=_kv_past(t, 1, 1, 9, 4), label="2 new tokens, a cache of 9 (past as a keyword)", **present)
+    # ... and the cache's use: your layer in two calls against your layer in one (attention_steps_gap).
+    def steps(init, shape, split, dtype=torch.float32, label=""):
+        t.function("attention_steps_gap", init, _state(t, "ModernAttention", init, dtype),
+                   t.randn(*shape, dtype=dtype), split, mistakes=STEPS_MISTAKES, checks=(_steps_hint,),
+                   deps=("RMSNorm", "apply_rope_halves"), returns=("present", "gap"), label=label)
+    steps(dict(d_model=16, num_heads=4, num_kv_heads=2, head_dim=6, rope_base=100.0), (2, 7, 16), 5,
+          label="5 tokens, then 2 with the cache")
+    steps(dict(d_model=12, num_heads=6, num_kv_heads=2, head_dim=4, rope_base=50.0), (1, 9, 12), 8,
+          label="8 tokens, then 1 with the cache")
+    steps(dict(d_model=8, num_heads=4, num_kv_heads=1, head_dim=4), (2, 6, 8), 3, torch.float64,
+          label="3 tokens, then 3 with the cache, float64")
 
 
 def _swiglu(m, x, how="ok"):
@@ -338,23 +400,38 @@ def _latent_past(t, B, P, r, dr, dtype=torch.float32):
 
 @hidden.test("test_MultiHeadLatentAttention_cache")
 def _(t):
-    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 7, 16), label="no cache", **MLA)
+    cache = dict(MLA, equivalent=_judge_part(1))       # the cache's contents; the output is the values test's
+    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 7, 16), label="no cache", **cache)
     t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 2, 16), _latent_past(t, 2, 5, 6, 4),
-             label="2 new tokens, a cache of 5", **MLA)
+             label="2 new tokens, a cache of 5", **cache)
     t.module("MultiHeadLatentAttention", dict(d_model=8, num_heads=2, kv_rank=3, nope_dim=4, rope_dim=2, v_dim=4),
-             t.randn(1, 1, 8), _latent_past(t, 1, 8, 3, 2), label="one new token, a cache of 8", **MLA)
+             t.randn(1, 1, 8), _latent_past(t, 1, 8, 3, 2), label="one new token, a cache of 8", **cache)
 
 
 @hidden.test("test_MultiHeadLatentAttention_values")
 def _(t):
+    values = dict(MLA, equivalent=_judge_part(0))      # the output; the cache is the cache test's
     t.module("MultiHeadLatentAttention", dict(d_model=16, num_heads=3, kv_rank=8, nope_dim=6, rope_dim=4, v_dim=5,
-                                              rope_base=50.0), t.randn(2, 9, 16), label="3 heads, no cache", **MLA)
+                                              rope_base=50.0), t.randn(2, 9, 16), label="3 heads, no cache", **values)
     t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(3, 3, 16), _latent_past(t, 3, 4, 6, 4),
-             label="3 new tokens, a cache of 4", **MLA)
+             label="3 new tokens, a cache of 4", **values)
     t.module("MultiHeadLatentAttention", dict(d_model=12, num_heads=2, kv_rank=4, nope_dim=2, rope_dim=6, v_dim=7),
              t.randn(2, 5, 12, dtype=torch.float64), _latent_past(t, 2, 3, 4, 6, dtype=torch.float64),
-             dtype=torch.float64, label="float64, rope_dim > nope_dim", **MLA)
-    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 4, 16), grad=True, label="gradients", **MLA)
+             dtype=torch.float64, label="float64, rope_dim > nope_dim", **values)
+    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 4, 16), grad=True, label="gradients", **values)
+
+
+def _absorb_hint(probe, value):
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(g, torch.Tensor) and g.numel() == 1 for g in value)):
+        return None
+    if not value[0].item() < 1e-4:
+        return (f"absorb=True gives another output than absorb=False of your own layer (largest relative "
+                f"difference {value[0].item():.1e}): the absorbed scores are (q_nope @ W_k) @ c^T plus the same "
+                f"rotary scores, and the weighted sum of latents is multiplied by v_up's weight transposed")
+    if not value[1].item() < 1e-4:
+        return "absorb=True returns another cache than absorb=False: the cache is the same (c, k_rope) in both forms"
+    return None
 
 
 @hidden.test("test_MultiHeadLatentAttention_absorb",
@@ -362,17 +439,23 @@ def _(t):
                                      "self.v_up on the cache): fold k_up's weight into the query and apply v_up's "
                                      "weight after the weighted sum"))
 def _(t):
-    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(2, 6, 16), absorb=True, label="absorb=True, no cache",
-             **MLA)
-    t.module("MultiHeadLatentAttention", dict(d_model=12, num_heads=3, kv_rank=5, nope_dim=4, rope_dim=2, v_dim=6),
-             t.randn(2, 2, 12), _latent_past(t, 2, 6, 5, 2), absorb=True,
-             label="absorb=True, 2 new tokens, a cache of 6", **MLA)
-    t.module("MultiHeadLatentAttention", SMALL_MLA, t.randn(1, 3, 16, dtype=torch.float64),
-             _latent_past(t, 1, 4, 6, 4, dtype=torch.float64), absorb=True, dtype=torch.float64,
-             label="absorb=True, float64", **MLA)
+    # Absorption judged as what it is: your absorb=True against your own absorb=False (absorption_gap),
+    # so that a mistake both forms share (a scale, the cache) is judged by the values and cache tests only.
+    def both_forms(init, x, past=None, dtype=torch.float32, label=""):
+        t.function("absorption_gap", init, _state(t, "MultiHeadLatentAttention", init, dtype),
+                   t.randn(*x, dtype=dtype), None if past is None else _latent_past(t, *past, dtype=dtype),
+                   checks=(_absorb_hint,), deps=("RMSNorm", "apply_rope_halves"), returns=("output gap", "cache gap"),
+                   label=label)
+    both_forms(SMALL_MLA, (2, 6, 16), label="absorb=True against absorb=False, no cache")
+    both_forms(dict(d_model=12, num_heads=3, kv_rank=6, nope_dim=4, rope_dim=2, v_dim=6), (2, 2, 12), (2, 6, 6, 2),
+               label="absorb=True against absorb=False, a cache of 6")
+    both_forms(SMALL_MLA, (1, 3, 16), (1, 4, 6, 4), torch.float64, label="absorb=True against absorb=False, float64")
+    # The memory rule's probe: a long cache, where up-projecting it shows. Its values are the
+    # values test's; here the returned shapes only.
     big = dict(d_model=16, num_heads=64, kv_rank=16, nope_dim=32, rope_dim=8, v_dim=32)
     t.module("MultiHeadLatentAttention", big, t.randn(1, 1, 16), _latent_past(t, 1, 16384, 16, 8), absorb=True,
-             label="absorb=True, 64 heads, one new token, a cache of 16384", **MLA)
+             label="absorb=True, 64 heads, one new token, a cache of 16384",
+             **dict(MLA, equivalent=lambda student, expected: True))
 
 
 def _window(n, window, num_sinks=0, how="ok"):
@@ -466,8 +549,8 @@ def _(t):
                label="T=6 fits in 2 sinks + 5: unchanged")
     t.function("evict_to_sinks", t.randn(1, 1, 7, 2), t.randn(1, 1, 7, 2), 2, 5, mistakes=EVICT_MISTAKES,
                label="T=7 = 2 sinks + 5 exactly: unchanged")
-    t.function("evict_to_sinks", t.randn(1, 2, 9, 4), t.randn(1, 2, 9, 5), 0, 4, mistakes=EVICT_MISTAKES,
-               label="no sinks (a plain window), d_v != d_k")
+    t.function("evict_to_sinks", t.randn(1, 2, 9, 4), t.randn(1, 2, 9, 4), 0, 4, mistakes=EVICT_MISTAKES,
+               label="no sinks (a plain window)")
     t.function("evict_to_sinks", t.randn(1, 2, 11, 4, dtype=torch.float64), t.randn(1, 2, 11, 4, dtype=torch.float64),
                3, 4, mistakes=EVICT_MISTAKES, label="float64, T=11, 3 sinks, window 4")
     t.function("evict_to_sinks", t.randn(1, 2, 7, 8), t.randn(1, 2, 7, 8), 1, 4, mistakes=EVICT_MISTAKES,
