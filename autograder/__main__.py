@@ -97,6 +97,8 @@ def main(argv=None) -> int:
         report.feedback_html = write_page(args.feedback_dir, f"{args.student}-{report.chapter}.html",
                                           report.feedback_page)
     print(json.dumps(report.as_json()) if args.json else report.as_text())
+    if report.limits_note():  # the instructor's log, not the report
+        print(report.limits_note(), file=sys.stderr)
     return 0
 
 

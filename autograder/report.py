@@ -64,6 +64,17 @@ class Report:
             data["by_hand"] = by_hand
         return data
 
+    def limits_note(self) -> str | None:
+        """How the sandbox's limits were held (an instructor's fact, for the grader's log; never in the
+        learner's report)."""
+        if not self.sandboxed or not self.enforcement:
+            return None
+        if self.enforcement == "watchdog":
+            return tell(msg("note: the sandbox's memory and task limits were polled by the grader "
+                            "(no writable cgroup here), not enforced by the kernel"), self.language)
+        return tell(msg("note: the kernel enforced the sandbox's memory and task limits ({how})",
+                        how=self.enforcement), self.language)
+
     def as_text(self) -> str:
         """The report for people, in the submission's language."""
         data = self.as_json()
@@ -79,12 +90,6 @@ class Report:
                                   pending=f"{by_hand['pending']:g}")))
         if not self.sandboxed:
             lines.append(told(msg("note: {note}", note=UNSANDBOXED_NOTE)))
-        elif self.enforcement == "watchdog":
-            lines.append(told(msg("note: the sandbox's memory and task limits were polled by the grader "
-                                  "(no writable cgroup here), not enforced by the kernel")))
-        elif self.enforcement:
-            lines.append(told(msg("note: the kernel enforced the sandbox's memory and task limits ({how})",
-                                  how=self.enforcement)))
         for name, ex in data["exercises"].items():
             lines.append(f"\n{name}: {ex['score']:g} / {ex['max_score']:g}")
             for o in (o for o in self.outcomes if o.exercise == name):

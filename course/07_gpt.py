@@ -61,6 +61,7 @@ import pathlib
 import socket
 import sysconfig
 import time
+import urllib.parse
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
@@ -1525,7 +1526,7 @@ else:
 # %%
 SKIP_TEXT = dict(missing="transformers is not installed",
                  offline="{variable} is set, and no GPT-2 checkpoint is cached on this machine",
-                 network="no network (huggingface.co could not be reached in {timeout:g} s)")
+                 network="no network ({host} could not be reached in {timeout:g} s)")
 
 
 def load_real_gpt2(timeout=3.0):
@@ -1540,10 +1541,12 @@ def load_real_gpt2(timeout=3.0):
     except Exception:                                         # noqa: BLE001 - not cached: download it
         if offline:
             return None, None, SKIP_TEXT["offline"].format(variable=offline[0])
+        hub = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")  # a mirror, if set
         try:
-            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+            socket.create_connection((hub.hostname, hub.port or (80 if hub.scheme == "http" else 443)),
+                                     timeout=timeout).close()
         except OSError:
-            return None, None, SKIP_TEXT["network"].format(timeout=timeout)
+            return None, None, SKIP_TEXT["network"].format(host=hub.hostname, timeout=timeout)
         tok = AutoTokenizer.from_pretrained("gpt2")
         hf = GPT2LMHeadModel.from_pretrained("gpt2")
     c = hf.config
