@@ -1552,11 +1552,12 @@ glue("sink_uniform", f"{uniform_weight:.3f}", display=False)
 glue("local_w_min", f"{min(local_weights):.2f}", display=False)
 
 # %% [tags=hide-input]
-fig_text = {"title": "Layer {layer}: attention weights, mean over heads",
+fig_text = {"title": "Layer {layer}",
             "x": "key position", "y": "query position",
-            "suptitle": "The trained model on 64 characters: an attention sink would be a bright first column",
+            "suptitle": "The trained model's attention weights on 64 characters, mean over heads:\n"
+                        "an attention sink would be a bright first column",
             "bar": "square root of the weight"}
-fig, axes = plt.subplots(1, len(attention_maps), figsize=(4.2 * len(attention_maps), 4.2))
+fig, axes = plt.subplots(1, len(attention_maps), figsize=(4.6 * len(attention_maps), 4.6))
 for layer, (ax, weights) in enumerate(zip(axes, attention_maps), start=1):
     image = ax.imshow(weights ** 0.5, cmap="viridis", vmin=0, vmax=1)   # square root: small weights show
     ax.set_title(fig_text["title"].format(layer=layer), fontsize=9)
