@@ -143,46 +143,42 @@ def test_similarity_finds_copies_of_the_reference(graded):
     with open(course / "class-similarity.csv") as f:
         pairs = list(csv.DictReader(f))
     with_reference = {(p["exercise"], p["b"]): float(p["score"]) for p in pairs if p["a"] == "(reference solution)"}
-    # ada is the reference; ben and cleo copy it except the exercises they got wrong; dan is a stub
-    exercises = ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAttention")
-    assert all(with_reference[(x, "ada")] == 1.0 for x in exercises)
-    assert with_reference[("SelfAttention", "ben")] == 1.0
-    assert 0.6 <= with_reference[("scaled_dot_product_attention", "ben")] < 0.9  # the reference less a division
-    assert ("causal_mask", "ben") not in with_reference  # his own (wrong) one-liner
+    # ada is the reference; ben copies it less a division (one changed statement: not listed at 0.6);
+    # the masks and SelfAttention's one-line forward have too little code of their own to be ranked
+    assert with_reference[("scaled_dot_product_attention", "ada")] == 1.0
+    assert ("scaled_dot_product_attention", "ben") not in with_reference
+    assert not any(p["exercise"] in ("causal_mask", "padding_mask", "SelfAttention") for p in pairs)
     assert not any("dan" in (p["a"], p["b"]) for p in pairs)  # untouched stubs are never "similar"
     page = (course / "class-similarity.html").read_text()
     assert "accuses no one" in page and "The same code" in page
 
 
 def test_detection_and_false_positive_rates():
-    """Measured on disguised copies and independent solutions (coursekit.similarity_variants; the
-    measurement is benchmarks/similarity_accuracy.py's ``measure``), at the
-    default threshold 0.6: 40 of 40 disguised copies found (the lowest scores 0.60: causal_mask with a
-    useless line added), 0 of 144 pairs with an independent solution (the highest scores 0.54)."""
-    from autograder.classroom.similarity import THRESHOLD
+    """On the disguise generator's held-out half (odd seeds; benchmarks/similarity_accuracy.py),
+    every chapter meets the target at the default threshold: at least 90 % of disguised copies
+    listed, at most 2 % of pairs of independent answers (and of cells of different origins)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from similarity_accuracy import measure
-    result = measure(THRESHOLD)
-    assert result["copies"] == 40 and result["independent_pairs"] >= 140
-    assert result["detection_rate"] >= 0.95, result["missed"]
-    assert result["false_positive_rate"] <= 0.02, result["false"]
-    stricter = measure(0.75)  # a stricter threshold misses copies with a line added, never plain ones
-    assert all(m[1].endswith("a line added") for m in stricter["missed"]) and stricter["false_positives"] == 0
+    from similarity_accuracy import TARGET_DETECTED, TARGET_FALSE, measure
+    rows = measure("held-out")
+    for row in rows:
+        assert row["copies"] >= 50 and row["independent_pairs"] >= 10, row["chapter"]
+        assert row["detection_rate"] >= TARGET_DETECTED, (row["chapter"], row["missed"][:10])
+        assert row["false_rate"] <= TARGET_FALSE, (row["chapter"], row["false"])
+        assert row["false_rate_with_copies"] <= TARGET_FALSE, row["chapter"]
 
 
-def test_disguises_keep_the_fingerprints():
+def test_every_disguise_of_a_cell_is_listed():
     from autograder.classroom import similarity as S
-    from coursekit import similarity_variants as V
+    from coursekit import disguises as D
     from coursekit.sample_submissions import reference_answers
     source = reference_answers(CHAPTER)["scaled_dot_product_attention"]
-    for name, how in V.DISGUISES.items():
-        disguised = how(source)
+    for kind in D.KINDS:
+        disguised = D.disguise(source, kind, 1)
         assert disguised != source
         pairs, _ = S.rank(CHAPTER, {"x": {"e": source}, "y": {"e": disguised}}, threshold=0.0)
-        if name.endswith("a line added"):
-            assert 0.6 <= pairs[0].score < 1.0, name
-        else:
-            assert pairs[0].score == pytest.approx(1.0), name  # names, comments and order are invisible
+        assert pairs[0].score >= S.THRESHOLD, kind
+    assert D.disguise(source, "combined", 3) == D.disguise(source, "combined", 3)  # seeded
+    assert {D.split(s) for s in (0, 2)} == {"tuning"} and {D.split(s) for s in (1, 3)} == {"held-out"}
 
 
 def _mapping(path: Path, students) -> Path:

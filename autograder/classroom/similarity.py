@@ -1,35 +1,31 @@
 """Similarity of answer cells across a class and against the reference solution.
 
-It ranks pairs of answer cells for a person to read; it accuses no one. Two measures,
-both blind to renamed variables and changed comments, the second also to reordered
-statements:
+It ranks pairs of answer cells for a person to read; it accuses no one. Each cell is first
+brought to its canonical form (``normalise.canonical``: no docstrings, comments, imports or
+dead code; one spelling per equivalent call; temporaries used once inlined; local names
+erased), then:
 
-* **Token winnowing** (as MOSS, and Dolos and copydetect after it; Schleimer, Wilkerson
-  and Aiken 2003). The cell is parsed, its docstrings dropped and it is unparsed (so
-  comments, blank lines and formatting vanish), then tokenized with Python's own
-  ``tokenize``: every identifier that is not an attribute name becomes ``V``, every
-  number ``N``, every string ``S``; keywords, operators and attribute names (``.softmax``,
-  ``.transpose``) stay. The fingerprints are the minimum hashes of every window of
-  ``WINDOW`` consecutive ``K``-token hashes.
-* **Statement multiset (AST)**. Every statement of the cell, with names and constants
-  normalised the same way, is hashed as a whole subtree; the cell is the multiset of
-  those hashes, so moving independent statements around leaves it unchanged.
+* **Subtree fingerprints** (as Dolos and JPlag fingerprint syntax trees): every expression
+  and statement subtree of at least ``MIN_SUBTREE`` nodes, hashed bottom-up, as a multiset.
+  A pair's score is the Dice coefficient of the two multisets with each subtree weighing its
+  size (``WEIGHT_POWER``): two cells that share whole statements score high, two that share
+  only the idioms every correct answer has (``softmax(V, -1)``, ``V.mT``) do not.
+* **Token winnowing** of the canonical text (as MOSS; Schleimer, Wilkerson and Aiken 2003),
+  kept as the pair's second figure (``Pair.tokens``) and to tell a cell too short to rank.
 
-The score of a pair is the larger of the two Dice coefficients (2|A∩B| / (|A|+|B|)).
-Fingerprints the released stub of that exercise already has (signature, docstring,
-``raise NotImplementedError``) are removed first, as MOSS removes a base file's, so
-two untouched stubs are not "similar". Cells with too few fingerprints of their own
-(a one-line answer such as ``torch.tril(...)``) are not ranked: every correct answer
-to them looks alike.
+Fingerprints the released stub of that exercise already has (its given ``__init__``,
+signature, ``raise NotImplementedError``) are removed first, as MOSS removes a base file's,
+so two untouched stubs are not "similar". Cells with fewer than ``MIN_OWN`` subtrees of their
+own (a one-line ``causal_mask``, a ``forward`` that calls the given pieces) are not ranked:
+every correct answer to them looks alike. ``benchmarks/similarity_accuracy.py`` measures it on
+disguised copies (coursekit.disguises) and independent answers of every chapter.
 
-Why not a library: ``copydetect`` (0.5.0 on PyPI; winnowing as MOSS, the best-kept
-package for this) was looked at. It fingerprints files on disk, filters them with
-Pygments into characters (every name, attribute names included, becomes ``V``, so
-``torch.tril`` and ``torch.triu`` look the same) and hashes character k-grams; it has no
-statement-order-insensitive measure and brings jinja2, pygments and tqdm for its own
-HTML report. Both measures here are ~100 lines on the standard library, work on cell
-strings, keep attribute names (the library calls that tell two answers apart), and the
-pairwise step is one matrix product (numpy): 500 submissions take about two seconds.
+Why not a library: ``copydetect`` (0.5.0 on PyPI; winnowing as MOSS) fingerprints files on
+disk, filters them with Pygments into characters (every name, attribute names included,
+becomes ``V``, so ``torch.tril`` and ``torch.triu`` look the same) and has no syntax-tree
+measure; Dolos is JavaScript. Both measures here work on cell strings with the standard
+library, and the pairwise step is one matrix product (numpy): 500 submissions take under a
+second (benchmarks/class_report_scale.py).
 """
 from __future__ import annotations
 
@@ -37,16 +33,20 @@ import ast
 import hashlib
 import io
 import json
-import keyword
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .normalise import canonical
+
 K = 5            # tokens per k-gram
 WINDOW = 4       # k-grams per winnowing window
 MIN_FINGERPRINTS = 6  # a cell with fewer fingerprints of its own is not ranked
+WEIGHT_POWER = 1.0  # a shared subtree counts by its size: a shared statement outweighs a shared idiom
+MIN_OWN = 15  # subtrees of its own (beyond the stub): fewer, and a cell is not ranked
+MIN_SUBTREE = 3  # nodes: smaller subtrees (a name, a constant, x.attr) say nothing
 THRESHOLD = 0.6  # pairs at or above this are listed (benchmarks/similarity_accuracy.py: why)
 REFERENCE = "(reference solution)"
 
@@ -55,55 +55,6 @@ _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER, t
 
 def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-def _without_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def _parse(source: str) -> ast.AST | None:
-    try:
-        return _without_docstrings(ast.parse(source))
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-
-
-def tokens(source: str) -> list[str]:
-    """The normalised token stream of a cell (identifiers V, numbers N, strings S; no comments)."""
-    tree = _parse(source)
-    if tree is not None:
-        try:
-            source = ast.unparse(tree)
-        except (ValueError, RecursionError):
-            pass
-    out: list[str] = []
-    previous = ""
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type in _SKIP:
-                continue
-            if tok.type == tokenize.NAME:
-                text = tok.string if keyword.iskeyword(tok.string) or previous == "." else "V"
-            elif tok.type == tokenize.NUMBER:
-                text = "N"
-            elif tok.type == tokenize.STRING or tokenize.tok_name.get(tok.type, "").startswith("FSTRING"):
-                text = "S"
-            elif tok.type in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE):
-                text = tokenize.tok_name[tok.type]
-            else:
-                text = tok.string
-            if text == "S" and out and out[-1] == "S":
-                continue  # an f-string's parts, or implicitly joined strings: one string
-            out.append(text)
-            previous = tok.string
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass  # a syntax error: the tokens up to it still count
-    return out
 
 
 def winnow(toks: list[str], k: int = K, window: int = WINDOW) -> set[int]:
@@ -116,57 +67,75 @@ def winnow(toks: list[str], k: int = K, window: int = WINDOW) -> set[int]:
     return {min(grams[i:i + window]) for i in range(len(grams) - window + 1)}
 
 
-class _Normalise(ast.NodeTransformer):
-    def visit_Name(self, node):
-        return ast.copy_location(ast.Name(id="V", ctx=node.ctx), node)
+def _subtree_hashes(node: ast.AST, out: dict, min_size: int) -> tuple[int, int]:
+    """(hash, size) of node's subtree, computed bottom-up; every expression and statement subtree of
+    at least min_size nodes counted in out (hash -> how many)."""
+    parts = [type(node).__name__]
+    size = 1
+    for name, value in ast.iter_fields(node):
+        if isinstance(value, ast.AST):
+            if isinstance(value, (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)):
+                parts.append(type(value).__name__)
+                continue
+            h, n = _subtree_hashes(value, out, min_size)
+            parts.append(f"{name}={h}")
+            size += n
+        elif isinstance(value, list):
+            hs = []
+            for item in value:
+                if isinstance(item, ast.AST):
+                    h, n = _subtree_hashes(item, out, min_size)
+                    hs.append(str(h))
+                    size += n
+                else:
+                    hs.append(repr(item))
+            parts.append(f"{name}=[{','.join(hs)}]")
+        else:
+            parts.append(f"{name}={value!r}")
+    h = _hash(" ".join(parts))
+    if isinstance(node, (ast.expr, ast.stmt)) and size >= min_size:
+        out[(h, size)] = out.get((h, size), 0) + 1
+    return h, size
 
-    def visit_arg(self, node):
-        node.arg, node.annotation = "V", None
-        return node
 
-    def visit_Constant(self, node):
-        kind = "S" if isinstance(node.value, (str, bytes)) else "N"
-        return ast.copy_location(ast.Constant(value=kind), node)
-
-    def visit_FunctionDef(self, node):
-        node.name = "V"
-        return self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        node.name = "V"
-        return self.generic_visit(node)
-
-
-def statements(source: str) -> set[tuple[int, int]]:
-    """The cell's statements as a multiset of normalised subtree hashes (as (hash, nth) pairs)."""
-    tree = _parse(source)
+def subtrees(tree: ast.AST | None, min_size: int = MIN_SUBTREE) -> set[tuple[int, int]]:
+    """The canonical tree's subtrees of at least min_size nodes, as a multiset of hashes ((hash, nth))."""
     if tree is None:
         return set()
-    tree = _Normalise().visit(tree)
-    counts: dict[int, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                 ast.ClassDef, ast.Pass)):
-            h = _hash(ast.dump(node, annotate_fields=False))
-            counts[h] = counts.get(h, 0) + 1
-    return {(h, n) for h, c in counts.items() for n in range(c)}
+    counts: dict[tuple[int, int], int] = {}
+    _subtree_hashes(tree, counts, min_size)
+    return {(h, n, size) for (h, size), c in counts.items() for n in range(c)}
+
+
+def canonical_tokens(tree: ast.AST | None) -> list[str]:
+    """The canonical tree's tokens in order (its names are normalised already)."""
+    if tree is None:
+        return []
+    out = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(ast.unparse(tree)).readline):
+            if tok.type not in _SKIP:
+                out.append(tokenize.tok_name[tok.type] if tok.type in (tokenize.INDENT, tokenize.DEDENT,
+                                                                       tokenize.NEWLINE) else tok.string)
+    except (tokenize.TokenError, IndentationError, SyntaxError, ValueError, RecursionError):
+        pass
+    return out
 
 
 @dataclass
 class Fingerprint:
     tokens: set = field(default_factory=set)
-    statements: set = field(default_factory=set)
+    statements: set = field(default_factory=set)  # the canonical tree's subtrees
 
 
 MAX_CHARS = 100_000  # of one cell: beyond this, a cell is no answer anyone typed
 
 
-def fingerprint(source: str, base: Fingerprint | None = None) -> Fingerprint:
+def fingerprint(source: str, base: Fingerprint | None = None, exercise: str | None = None) -> Fingerprint:
     source = source[:MAX_CHARS]
     try:
-        fp = Fingerprint(winnow(tokens(source)), statements(source))
+        tree = canonical(source, exercise)
+        fp = Fingerprint(winnow(canonical_tokens(tree)), subtrees(tree))
     except (RecursionError, MemoryError, ValueError):  # absurdly nested code: nothing to compare
         fp = Fingerprint()
     if base is not None:
@@ -214,8 +183,13 @@ class Pair:
     source_b: str
 
 
+def _weight(item) -> float:
+    """A subtree ((hash, nth, size)) weighs its size to the power WEIGHT_POWER; a token fingerprint 1."""
+    return float(item[2]) ** WEIGHT_POWER if isinstance(item, tuple) else 1.0
+
+
 def _dice_matrix(sets: list[set]) -> np.ndarray:
-    """Dice coefficient of every pair of sets, by one product of 0/1 matrices."""
+    """(Weighted) Dice coefficient of every pair of sets, by one product of matrices."""
     vocab: dict = {}
     rows, cols = [], []
     for i, s in enumerate(sets):
@@ -224,11 +198,18 @@ def _dice_matrix(sets: list[set]) -> np.ndarray:
             cols.append(vocab.setdefault(item, len(vocab)))
     matrix = np.zeros((len(sets), max(1, len(vocab))), dtype=np.float32)
     matrix[rows, cols] = 1.0
-    shared = matrix @ matrix.T
-    sizes = matrix.sum(axis=1)
+    weights = np.ones(max(1, len(vocab)), dtype=np.float32)
+    for item, col in vocab.items():
+        weights[col] = _weight(item)
+    shared = (matrix * weights) @ matrix.T
+    sizes = matrix @ weights
     total = sizes[:, None] + sizes[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, 2 * shared / total, 0.0)
+
+
+def combine(by_tokens: np.ndarray, by_subtrees: np.ndarray) -> np.ndarray:
+    return by_subtrees
 
 
 def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | None = None,
@@ -247,7 +228,7 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
     pairs: list[Pair] = []
     stats = {}
     for exercise in exercises:
-        stub = fingerprint(base[exercise]) if exercise in base else None
+        stub = fingerprint(base[exercise], exercise=exercise) if exercise in base else None
         names, sources, fps = [], [], []
         skipped = 0
         seen: dict[str, Fingerprint] = {}  # a class has many identical cells: fingerprint each text once
@@ -255,8 +236,8 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
             if exercise not in answers:
                 continue
             text = answers[exercise]
-            fp = seen.get(text) or seen.setdefault(text, fingerprint(text, stub))
-            if len(fp.tokens) < MIN_FINGERPRINTS:
+            fp = seen.get(text) or seen.setdefault(text, fingerprint(text, stub, exercise))
+            if len(fp.tokens) < MIN_FINGERPRINTS or len(fp.statements) < MIN_OWN:
                 skipped += 1  # an untouched stub, or too short to tell copying from agreeing
                 continue
             names.append(name)
@@ -267,7 +248,7 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
             continue
         by_tokens = _dice_matrix([f.tokens for f in fps])
         by_statements = _dice_matrix([f.statements for f in fps])
-        score = np.maximum(by_tokens, by_statements)
+        score = combine(by_tokens, by_statements)
         upper = np.triu(score >= threshold, k=1)
         for i, j in zip(*np.nonzero(upper)):
             a, b = (j, i) if names[j] == REFERENCE else (i, j)  # the reference on the left
