@@ -1544,9 +1544,9 @@ def attention_profile(model, ids, recent=8):
 
 sink_weights, local_weights, attention_maps = attention_profile(lm, val_data[5000:5000 + CONTEXT][None])
 uniform_weight = (1 / torch.arange(17, CONTEXT + 1).double()).mean().item()
-print(pad("mean weight on position 0, per layer", 41) + ":", [round(w, 3) for w in sink_weights],
+print(f"{pad('mean weight on position 0, per layer', 41)}:", [round(w, 3) for w in sink_weights],
       f"(uniform attention: {uniform_weight:.3f})")
-print(pad("mean weight on the last 8 keys, per layer", 41) + ":", [round(w, 2) for w in local_weights])
+print(f"{pad('mean weight on the last 8 keys, per layer', 41)}:", [round(w, 2) for w in local_weights])
 glue("sink_w_max", f"{max(sink_weights):.3f}", display=False)
 glue("sink_uniform", f"{uniform_weight:.3f}", display=False)
 glue("local_w_min", f"{min(local_weights):.2f}", display=False)
