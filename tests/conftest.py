@@ -213,7 +213,7 @@ MODULE_SECONDS = {
     "test_grading_ch06": 135, "test_cli": 105, "test_grading_ch02": 95, "test_escape_pages": 90, "test_publish": 85,
     "test_grading_ch08": 75, "test_chinese_edition": 75, "test_grading_ch07": 70, "test_grading_ch01": 60,
     "test_grading_ch03": 50, "test_grading_ch04": 50, "test_book": 40, "test_nbgrader_e2e": 30,
-    "test_generated": 25, "test_learner_notebook": 25, "test_instructor_workflow": 160, "test_escape_records": 100, "test_escape_reference": 90,
+    "test_generated": 25, "test_learner_notebook": 25, "test_instructor_workflow": 160, "test_class_end_to_end": 330, "test_escape_records": 100, "test_escape_reference": 90,
     "test_instructor_policies": 70, "test_exchange_bombs": 50, "test_collect_names": 40, "test_escape_syscalls": 30,
 }
 # The module that builds the book (``test_book.book``) for the others that read it.

@@ -95,6 +95,8 @@ class Report:
     ungraded: list = field(default_factory=list)      # (student, chapter, reason)
     notes: list = field(default_factory=list)         # (student, chapter, note): cells stopped at their limit
     late: dict = field(default_factory=dict)          # (chapter, student) -> gradebook.lateness
+    hand_max: dict = field(default_factory=dict)      # chapter -> points of its written answers
+    pending: dict = field(default_factory=dict)       # (chapter, student) -> written points not yet graded
     runs: list = field(default_factory=list)
 
 
@@ -158,7 +160,7 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
                     if m and m["test"] in points:
                         points[m["test"]] = float(m["max"])
         report.tests[chapter] = {t: [0, 0, 1.0 if p is None else p] for t, p in points.items()}
-    from .gradebook import exercise_of, grade_scores, lateness
+    from .gradebook import exercise_of, grade_scores, lateness, pending_by_hand, written_of
     grades = grade_scores(folder) if scores is None else {}
     late = lateness(folder) if scores is None else {}
     names = {c: {} for c in report.chapters}  # chapter -> {exercise: points}, from every graded entry
@@ -170,6 +172,9 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
         chapter = e["chapter"]
         if (chapter, e["student"]) in late:
             report.late[(chapter, e["student"])] = late[(chapter, e["student"])]
+        waiting = pending_by_hand(grades.get((chapter, e["student"]), {}), written_of(chapter))
+        if waiting:
+            report.pending[(chapter, e["student"])] = waiting
         report.notes += [(e["student"], chapter, n) for n in e.get("notes", [])]
         if e["status"] != "ok":
             report.ungraded.append((e["student"], chapter, e.get("reason") or "no reason recorded"))
@@ -194,6 +199,7 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
             row[0] += got >= top
             row[1] += 1
             row[2] += got
+    report.hand_max = {c: sum(written_of(c).values()) for c in report.chapters}
     report.mistakes = sorted(((c, x, m, sorted(s)) for (c, x, m), s in who.items()),
                              key=lambda r: (-len(r[3]), r[0], r[1], r[2]))
     report.runs = runs(folder)
@@ -322,15 +328,20 @@ def report_html(report: Report, folder_name: str, similarity_summary: str = "") 
         parts.append(f"<img alt='score histogram of {_e(chapter)}' "
                      f"src='{_histogram(chapter, values, report.max_score[chapter])}'>")
     parts.append("</div>")
-    parts.append(_table(["chapter", "submissions", "mean", "median", "min", "max", "of", "full marks"],
+    parts.append("<p class='note'>“of” is the automatic points; a chapter's written answers add “by hand” "
+                 "points to a score once a person has graded them in formgrader, so a score may pass “of”. "
+                 "“pending” counts the answered written points nobody has graded yet.</p>")
+    parts.append(_table(["chapter", "submissions", "mean", "median", "min", "max", "of", "full marks",
+                         "by hand", "pending"],
                         [[c, *_stats(list(report.scores[c].values())), f"{report.max_score[c]:g}",
-                          sum(v >= report.max_score[c] for v in report.scores[c].values())]
-                         for c in report.chapters], numeric=set(range(1, 8)), cls="summary"))
+                          sum(v >= report.max_score[c] for v in report.scores[c].values()),
+                          f"{report.hand_max.get(c, 0):g}", _pending_total(report, c)]
+                         for c in report.chapters], numeric=set(range(1, 10)), cls="summary"))
     parts.append("<details open><summary>Every student's score (from the gradebook; blank: not submitted)"
                  "</summary>")
-    parts.append(_table(["student", *report.chapters, "late"],
+    parts.append(_table(["student", *report.chapters, "late", "by hand"],
                         [[s, *[f"{report.scores[c][s]:g}" if s in report.scores[c] else "" for c in report.chapters],
-                          _late(report, s)]
+                          _late(report, s), _pending(report, s)]
                          for s in sorted({s for c in report.chapters for s in report.scores[c]})],
                         numeric=set(range(1, len(report.chapters) + 1)), cls="students"))
     parts.append("</details>")
@@ -391,6 +402,17 @@ def _late(report: Report, student: str) -> str:
                      for (c, s), v in sorted(report.late.items()) if s == student and v["seconds_late"] > 0)
 
 
+def _pending(report: Report, student: str) -> str:
+    """Each chapter whose written answers wait for a person: 'CH: 2 points pending'."""
+    return "; ".join(f"{c}: {v:g} points pending" for (c, s), v in sorted(report.pending.items()) if s == student)
+
+
+def _pending_total(report: Report, chapter: str) -> str:
+    """'4 points (2 students)' of one chapter's answered written answers nobody has graded yet."""
+    waiting = [v for (c, _), v in report.pending.items() if c == chapter]
+    return f"{sum(waiting):g} points ({len(waiting)} students)" if waiting else "0"
+
+
 def report_rows(report: Report) -> list[list]:
     """The report's tables, long form: table, chapter, item, value, of, detail."""
     rows = []
@@ -408,6 +430,8 @@ def report_rows(report: Report) -> list[list]:
     for (c, s), v in sorted(report.late.items()):
         if v["seconds_late"] > 0:
             rows.append(["late", c, s, round(v["seconds_late"]), v["penalty"], "seconds late, penalty"])
+    for (c, s), v in sorted(report.pending.items()):
+        rows.append(["by hand pending", c, s, f"{v:g}", f"{report.hand_max.get(c, 0):g}", "written points to grade"])
     for s, c, note in report.notes:
         rows.append(["note", c, s, "", "", note])
     for r in report.runs:

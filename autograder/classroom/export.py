@@ -12,7 +12,7 @@ from pathlib import Path
 
 from coursekit.conventions import written_in_table
 
-from .gradebook import exercise_of, grade_scores, late_text, lateness
+from .gradebook import exercise_of, grade_scores, late_text, lateness, pending_by_hand, written_of
 from .ledger import Ledger
 
 # Not grades.csv: that is what `nbgrader export` writes into the course folder.
@@ -30,12 +30,15 @@ def submission_scores(folder: Path, entries: dict | None = None) -> dict[tuple[s
             for e in entries.values()}
 
 
-def notes(entry: dict, late: dict | None) -> list[str]:
+def notes(entry: dict, late: dict | None, pending: float = 0.0) -> list[str]:
     """What a person should know of one submission besides its score: why it could not be graded,
-    how late it was and its penalty, cells stopped at their time limit."""
+    how late it was and its penalty, written answers still to be graded by hand, cells stopped at
+    their time limit."""
     out = [entry["reason"]] if entry.get("reason") else []
     if late and late["seconds_late"] > 0:
         out.append(f"late by {late_text(late['seconds_late'])}, penalty {late['penalty']:g}")
+    if pending:
+        out.append(f"by hand: {pending:g} points pending")
     out += entry.get("notes", [])
     return out
 
@@ -49,6 +52,7 @@ def export(folder: Path) -> tuple[Path, Path]:
     students = sorted({e["student"] for e in entries.values()})
     totals = submission_scores(folder, entries)
     late = lateness(folder)
+    book = grade_scores(folder)
     grades = folder / CLASS_GRADES
     with open(grades, "w", newline="") as f:
         writer = csv.writer(f)
@@ -56,10 +60,10 @@ def export(folder: Path) -> tuple[Path, Path]:
         for student in students:
             row = [totals.get((student, c)) for c in chapters]
             said = "; ".join(f"{c}: {n}" for c in chapters if f"{student}/{c}" in entries
-                             for n in notes(entries[f"{student}/{c}"], late.get((c, student))))
+                             for n in notes(entries[f"{student}/{c}"], late.get((c, student)),
+                                            pending_by_hand(book.get((c, student), {}), written_of(c))))
             writer.writerow([student, *["" if s is None else f"{s:g}" for s in row],
                              f"{sum(s for s in row if s is not None):g}", said])
-    book = grade_scores(folder)
     exercises = folder / CLASS_EXERCISES
     with open(exercises, "w", newline="") as f:
         writer = csv.writer(f)
@@ -72,7 +76,7 @@ def export(folder: Path) -> tuple[Path, Path]:
             per: dict[str, list] = {}
             written = {}   # written answers, graded by hand: in the table once a person scored them
             for test, grade in book.get((e["chapter"], e["student"]), {}).items():
-                if test in _written(e["chapter"]):
+                if test in written_of(e["chapter"]):
                     written[test] = written_in_table(grade)
                     continue
                 row = per.setdefault(exercise_of(e["chapter"], test), [0.0, 0.0, []])
@@ -90,9 +94,3 @@ def export(folder: Path) -> tuple[Path, Path]:
             for name, (score, top, note) in written.items():
                 writer.writerow([e["student"], e["chapter"], name, f"{score:g}", f"{top:g}", note])
     return grades, exercises
-
-
-def _written(chapter: str) -> dict[str, float]:
-    from ..chapters import known
-    info = known().get(chapter)
-    return info.written if info else {}

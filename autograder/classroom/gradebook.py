@@ -191,6 +191,21 @@ def exercise_of(chapter: str, test: str) -> str:
     return (owner(test, info.exercises) if info else None) or test
 
 
+def written_of(chapter: str) -> dict[str, float]:
+    """grade id -> points of each written answer of the chapter (graded by hand)."""
+    from ..chapters import known
+    info = known().get(chapter)
+    return info.written if info else {}
+
+
+def pending_by_hand(grades: dict, written: dict) -> float:
+    """Points of the written answers a person has yet to grade (``grades``: one submission's, as
+    ``grade_scores``): answered, so nbgrader flags them for a hand, and not scored by one. An answer
+    left as its prompt is nbgrader's 0 and waits for nobody."""
+    return sum(g["max_score"] for t, g in grades.items()
+               if t in written and g["needs_manual_grade"] and not g["manual"])
+
+
 def late_text(seconds: float) -> str:
     """How late, for a person: '2 d 3 h', '5 h 12 min', '40 min', '12 s'."""
     seconds = int(round(seconds))

@@ -16,7 +16,8 @@ a CSV with a ``student`` column (the course folder's id) and the LMS's columns:
 Scores come from the gradebook (the record), after the late penalty (what the student gets;
 class-grades.csv and the class report show the same); a chapter a student never submitted is
 blank (the LMS leaves it alone), one that could not be graded is 0, as in
-class-grades.csv.
+class-grades.csv. Canvas's "Points Possible" is the chapter's points as nbgrader counts them, the
+written answers' included: a written answer adds to a score once a person has graded it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import csv
 from pathlib import Path
 
 from .class_report import gradebook_scores
+from .gradebook import written_of
 from .ledger import Ledger
 
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -59,7 +61,9 @@ def _grades(folder: Path):
     entries = Ledger(folder).entries()
     chapters = sorted({e["chapter"] for e in entries.values()})
     scores = gradebook_scores(folder, chapters)
-    maximum = {c: max(e["max_score"] for e in entries.values() if e["chapter"] == c) for c in chapters}
+    # the assignment's points as nbgrader counts them: the automatic ones and the written ones by hand
+    maximum = {c: max(e["max_score"] for e in entries.values() if e["chapter"] == c) + sum(written_of(c).values())
+               for c in chapters}
     graded = {(e["student"], e["chapter"]): scores.get(e["chapter"], {}).get(e["student"], 0.0)
               for e in entries.values()}
     return chapters, maximum, graded, sorted({e["student"] for e in entries.values()})
