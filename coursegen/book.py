@@ -57,8 +57,7 @@ BUILT_FROM = BUILD / "book.inputs"  # ``inputs_digest()`` of the last build that
 NOT_READ = {".git", ".venv", "_build", ".cache", ".pytest_cache", "__pycache__", ".ipynb_checkpoints",
             "tests", "benchmarks", ".ci", ".github"}  # folders no build reads (at any depth)
 BOOK_PAGES = ("intro.md", "start_here.md", "glossary.md", "instructors.md", "README.md")  # README: included by instructors.md
-BOOK_DATA = ("_toc.yml", "locales/glossary.csv", "docs/images/class-report.png",  # images: the README's
-             "docs/images/class-similarity.png")
+BOOK_DATA = ("_toc.yml", "locales/glossary.csv")  # and every image the pages show (page_images)
 # The words of the link to the other edition, in that edition's language.
 EDITION_NAMES = {SOURCE_LANGUAGE: "English", "zh_CN": "中文"}
 # The course's public repository (e.g. https://github.com/ORG/REPO), set by the deploying workflow:
@@ -231,12 +230,19 @@ def html_of(language: str) -> Path:
     return HTML if language == SOURCE_LANGUAGE else HTML / language
 
 
+def page_images() -> list[str]:
+    """The files of the pages' Markdown images (``![...](docs/images/x.png)``), so a new one is never left out."""
+    return sorted({m for name in BOOK_PAGES
+                   for m in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", (ROOT / name).read_text())
+                   if not m.startswith(("http:", "https:", "data:"))})
+
+
 def stage(found, language: str = SOURCE_LANGUAGE) -> Path:
     """The book's source for one edition: pages, executed notebooks and its _config.yml."""
     folder = stage_of(language)
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "chapters").mkdir(parents=True)
-    for name in BOOK_DATA:
+    for name in (*BOOK_DATA, *page_images()):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / name, folder / name)
     lookup = None if language == SOURCE_LANGUAGE else translations(FRONT_MATTER, language).get

@@ -55,13 +55,12 @@ def _translated_glossary_table(text: str, lookup) -> str:
     """The glossary page's table with its column headers translated: the rows written into the page
     (csv-table takes its header from the file's first row or from ``:header:``, not both)."""
     header, *rows = _glossary_rows()
-    cells = io.StringIO()
-    csv.writer(cells, lineterminator="\n").writerows(rows)
-    quoted = ", ".join('"' + (lookup(h) or h).replace('"', '""') + '"' for h in header)
+    cells = io.StringIO()  # the translated header is the first row (MyST's options cannot hold a quoted list)
+    csv.writer(cells, lineterminator="\n").writerows([[lookup(h) or h for h in header], *rows])
     source = f":file: {GLOSSARY.relative_to(ROOT).as_posix()}\n:header-rows: 1\n"
     assert source in text, "glossary.md no longer reads the glossary as the translation expects"
     return re.sub(r"(:widths:[^\n]*\n)", lambda m: m.group(1) + "\n" + cells.getvalue(),
-                  text.replace(source, f":header: {quoted}\n"), count=1)
+                  text.replace(source, ":header-rows: 1\n"), count=1)
 
 
 def translated_page(name: str, lookup) -> str:

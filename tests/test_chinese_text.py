@@ -343,9 +343,9 @@ def test_chapter_7_tells_chinese_readers_how_to_reach_gpt2_and_pypi_through_mirr
     prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "HF_ENDPOINT" in prose and "pip install -i" in prose and "镜像" in prose
-    assert "HF_ENDPOINT" not in code and "mirror" not in code.lower(), "a mirror belongs in prose, not in code"
-    english = nbformat.read(ROOT / "chapters" / "07_gpt.ipynb", as_version=4)
-    assert "HF_ENDPOINT" not in "\n".join(c.source for c in english.cells)
+    # the code names no mirror's host (it may change), but asks for the host transformers will use
+    assert not re.search(r"https?://(?!huggingface\.co)[a-z0-9-]+\.[a-z]", code), "a mirror's host belongs in prose"
+    assert 'environ.get("HF_ENDPOINT")' in code, "the hub check must honour HF_ENDPOINT, as transformers does"
 
 
 def test_edition_notes_hold_no_host_name():
