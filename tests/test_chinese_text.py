@@ -372,8 +372,8 @@ SHOWN_ENGLISH = {
     "view", "transpose", "reshape", "idx", "attn", "mlp", "wte", "wpe", "transformers",
     # the sampling filters' names, written so in Chinese too (top-k, top-p)
     "top",
-    # a model family's name (Qwen3, as the chapter's code and the checkpoints spell it)
-    "Qwen",
+    # names of a model family and of a company (Qwen3, as the checkpoints spell it; Meta's Llama code)
+    "Qwen", "Meta",
     # notation in printed comparisons: max |a - b|, mean |x|
     "max", "mean",
     # Chapter 1's data: the dates the model reads are English (its input alphabet), not text
@@ -435,10 +435,11 @@ def shown_at_run(nb: nbformat.NotebookNode) -> list[tuple[int, str, str]]:
     return shown
 
 
-# Code and names: an exception as Python prints it, identifiers (d_model, torch.Size), calls,
+# Code and names: an exception as Python prints it, identifiers (d_model, torch.Size), calls and
+# their keyword arguments (window=5),
 # CamelCase names (GRUCell, PyTorch) and acronyms (GPU, FLOPs).
 # A shape (B, N_tgt, vocab) and a special token <bos> are code as well.
-CODE_TOKEN = re.compile(r"\([\w ]+(?:, *[\w ]+)+\)|<\w+>|\w*\[[^\]\n]*\]|\b\w+(?:Error|Exception)\(.*\)|\w*[_.]\w[\w.]*|\w+\(|\b[A-Za-z]+[A-Z][A-Za-z]*\b")
+CODE_TOKEN = re.compile(r"\([\w ]+(?:, *[\w ]+)+\)|<\w+>|\w*\[[^\]\n]*\]|\b\w+(?:Error|Exception)\(.*\)|\w*[_.]\w[\w.]*|\w+\(|\b\w+=(?!=)|\b[A-Za-z]+[A-Z][A-Za-z]*\b")
 SHOWN_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}(?![A-Za-z])")
 
 
