@@ -13,10 +13,11 @@ from coursekit import conventions as C
 from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE
 from coursekit.nbgrader_course import generate_assignment
 
-from .catalogs import po_path, translations
+from .catalogs import FEEDBACK, po_path, translations
 from .edition_notes import note_for
 from .learner_view import plain_notebook
 from .translatable import chapter_labels, translate_code, translate_markdown
+from .visible_test_errors import marker, with_stop_report
 
 from . import HIDDEN_BEGIN, HIDDEN_END, NOTE, ROOT, Chapter, strip_solution_markers
 
@@ -68,8 +69,8 @@ def instructor_notebook(chapter: Chapter, language: str = SOURCE_LANGUAGE) -> nb
             new = nbformat.v4.new_markdown_cell(cell.source)
         else:
             source = cell.source
-            if cell.kind == "test":
-                source = probe_call(cell.name) + "\n" + source
+            if cell.kind == "test":  # first the hidden part, then the line that names the visible test
+                source = "\n".join([probe_call(cell.name), marker(cell.name, _feedback_words(language)), source])
             new = nbformat.v4.new_code_cell(source)
         new.metadata = {}
         meta = _nbgrader_meta(cell)
@@ -82,6 +83,11 @@ def instructor_notebook(chapter: Chapter, language: str = SOURCE_LANGUAGE) -> nb
         new.pop("id", None)
         nb.cells.append(new)
     return _without_cell_ids(nb)
+
+
+def _feedback_words(language: str):
+    """The edition's translations of the feedback catalog (which holds the visible tests' own words)."""
+    return None if language == SOURCE_LANGUAGE else translations(FEEDBACK, language).get
 
 
 def _without_cell_ids(nb):
@@ -118,8 +124,10 @@ def dumps_notebook(nb) -> str:
 
 def learner_notebook(chapter: Chapter, instructor: nbformat.NotebookNode, language: str = SOURCE_LANGUAGE) -> str:
     """nbgrader generate_assignment's release of the instructor notebook, its MyST made plain
-    (``learner_view``): learners read it in Jupyter, Colab or VS Code, not in the book."""
-    return dumps_notebook(plain_notebook(released_notebook(chapter, instructor), language))
+    (``learner_view``): learners read it in Jupyter, Colab or VS Code, not in the book. Its setup
+    cell makes a visible test that stops on an error say which and why first (``visible_test_errors``)."""
+    plain = plain_notebook(released_notebook(chapter, instructor), language)
+    return dumps_notebook(with_stop_report(plain, _feedback_words(language)))
 
 
 def released_notebook(chapter: Chapter, instructor: nbformat.NotebookNode) -> nbformat.NotebookNode:

@@ -6,6 +6,9 @@ Two sources, both read as text (nothing here imports the grader or runs a hidden
 * what a chapter's hidden tests can show: mistakes' names, probes' labels, checks' hints
   (their ``return`` values) and memory rules, from the ``# %% [hidden]`` cells of ``course/``.
 
+And the feedback a learner notebook gives itself: the line a visible test that stops on an error
+shows first, and the comment naming each visible test (``coursegen.visible_test_errors``).
+
 ``coursegen.catalogs`` writes them to ``locales/<lang>/LC_MESSAGES/feedback.po``;
 ``autograder.messages`` tells them at grading time.
 """
@@ -16,6 +19,8 @@ import re
 
 from coursekit.conventions import COURSE_DIR, ROOT, chapter_names
 from coursekit.source import parse_chapter
+
+from . import visible_test_errors
 
 GRADER_DIR = ROOT / "autograder"
 _FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")  # as autograder.messages reads fields back
@@ -85,4 +90,4 @@ def feedback_units() -> list[tuple[str, str]]:
     found = _grader_templates()
     for name in chapter_names():
         found += _hidden_test_texts(name)
-    return found
+    return found + visible_test_errors.units()
