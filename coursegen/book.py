@@ -1,18 +1,20 @@
 """``python -m coursegen.book``: build both editions of the Jupyter Book into ``_build/html``.
 
-Each learner notebook is executed once with the reference solution standing in for
-its stubs (cached by content hash); its outputs are then copied onto the learner
-notebook, so the book shows figures made by the reference while every exercise cell
-shows only its stub. The page's download button serves the plain learner notebook.
+Each chapter is executed once, for both editions, with the reference solution standing in
+for its stubs (``run_chapter``, cached by content hash): the English notebook's code, rewritten
+so that it prints and draws in the translation too (``coursegen.bilingual_run``). Every number
+either edition's page shows or glues comes from that one run. Its outputs are then copied onto
+each edition's learner notebook, so the book shows figures made by the reference while every
+exercise cell shows only its stub. The page's download button serves the plain learner notebook.
 The learner notebook's MyST is rendered plain (``coursegen.learner_view``): the page takes its
 markdown, and the run its given code (myst_nb's ``glue``), from the instructor notebook.
 
 The English edition is ``_build/html``; each translation is ``_build/html/<language>``,
 built from its own learner notebooks (made from the catalogs, see ``coursegen.catalogs``)
 with Sphinx's ``language`` set, so the theme speaks it too. Every page links to the same
-page in the other edition (``coursegen.language_switch``). A translated notebook picks
-its own figure font (``coursekit.conventions.figure_font_setup``); ``make fonts``
-installs one (Noto Sans CJK).
+page in the other edition (``coursegen.language_switch``). A translation's figures are drawn
+with its font first (``coursekit.conventions.FIGURE_FONTS``); ``make fonts`` installs one
+(Noto Sans CJK), and a figure drawn without a glyph it needs fails the build.
 
 A build that passes records what it read (``inputs_digest``); run again with nothing of that
 changed, it says so and stops, as make would (``--force`` builds anyway).
@@ -43,7 +45,7 @@ import yaml
 from coursekit import conventions as C
 from coursekit.conventions import EDITIONS, SOURCE_LANGUAGE, TRANSLATIONS, is_test_cell, with_python_bin_on_path
 
-from . import ROOT, chapters, strip_solution_markers
+from . import ROOT, bilingual_run, chapters, strip_solution_markers
 from .catalogs import FRONT_MATTER, translations
 from .figure_alt import with_figure_alt_text
 from .front_matter import translated_page
@@ -68,108 +70,148 @@ BOOK_JOBS = "COURSE_BOOK_JOBS"  # how many chapters execute at once (default: on
 LAUNCH_SERVICES = {"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com"}
 LEAK = re.compile(r"BEGIN (SOLUTION|HIDDEN TESTS)|END (SOLUTION|HIDDEN TESTS)|attn_probe|"
                   r"^\s*(from|import) solutions\b", re.M)
-# A translated chapter's run records every string its figures draw (titles, labels, tick labels,
-# legends, annotations, table cells), as cell metadata of the cached notebook: tests read it
-# for English left in the translation without running the chapter a second time.
+# The translated edition's cells record every string their figures draw (titles, labels, tick
+# labels, legends, annotations, table cells), as cell metadata of the cached notebook: tests read
+# it for English left in the translation without running the chapter again.
 FIGURE_TEXT = "figure_text"
-FIGURE_TEXT_FILE = ".figure_text.json"
-RECORD_FIGURE_TEXT = f'''
-import json as _json
-import matplotlib.backend_bases as _backend_bases, matplotlib.text as _text
-_drawn, _figure_text, _text_draw, _print_figure = [], [], _text.Text.draw, _backend_bases.FigureCanvasBase.print_figure
-_cell = [None]
-get_ipython().events.register("pre_run_cell", lambda info: _cell.__setitem__(0, info.raw_cell))  # matched to its cell by source
-def _recording_draw(self, renderer):
-    if self.get_visible() and self.get_text().strip() and self.get_text() not in _drawn:
-        _drawn.append(self.get_text())
-    return _text_draw(self, renderer)
-def _recording_print_figure(self, *args, **kwargs):
-    _drawn.clear()
-    result = _print_figure(self, *args, **kwargs)
-    _figure_text.append({{"cell": _cell[0], "text": list(_drawn)}})
-    with open({FIGURE_TEXT_FILE!r}, "w") as _file:
-        _json.dump(_figure_text, _file, ensure_ascii=False)
-    return result
-_text.Text.draw, _backend_bases.FigureCanvasBase.print_figure = _recording_draw, _recording_print_figure
-with open({FIGURE_TEXT_FILE!r}, "w") as _file:
-    _json.dump(_figure_text, _file)
-'''
+RUN_RECORD = ".bilingual_run.json"
+
+
+def run_key(chapter) -> str:
+    """What the chapter's run depends on: both editions' learner and instructor notebooks, the solutions."""
+    solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
+    digest = hashlib.sha256(repr(sorted(solutions.items())).encode())
+    for language in EDITIONS:
+        digest.update(C.learner_notebook(chapter.name, language).read_bytes())
+        digest.update(C.instructor_notebook(chapter.name, language).read_bytes())
+    digest.update(bilingual_run.KERNEL_MODULE.read_bytes() + Path(bilingual_run.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_run(chapter, language: str = SOURCE_LANGUAGE, key: str | None = None) -> Path:
+    prefix = chapter.name if language == SOURCE_LANGUAGE else f"{chapter.name}.{language}"
+    return EXEC_CACHE / f"{prefix}-{key or run_key(chapter)}.ipynb"
 
 
 def executed_chapter(chapter, language: str = SOURCE_LANGUAGE) -> nbformat.NotebookNode:
-    learner_path = C.learner_notebook(chapter.name, language)
-    learner = nbformat.read(learner_path, as_version=4)
-    solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
-    key = hashlib.sha256(learner_path.read_bytes() + repr(sorted(solutions.items())).encode()).hexdigest()[:16]
-    prefix = chapter.name if language == SOURCE_LANGUAGE else f"{chapter.name}.{language}"
-    cached = EXEC_CACHE / f"{prefix}-{key}.ipynb"
-    if cached.exists():
-        done = nbformat.read(cached, as_version=4)
-        if language == SOURCE_LANGUAGE or FIGURE_TEXT in done.metadata:  # an older cache lacks the record
-            return done
-    # The learner notebook's glue prints; the book's run glues (the instructor notebook's given code).
+    """The learner notebook of LANGUAGE with the outputs of the chapter's one run (cached by content)."""
+    if not cached_run(chapter, language).exists():
+        run_chapter(chapter)
+    return nbformat.read(cached_run(chapter, language), as_version=4)
+
+
+def _book_run(chapter, learner, language: str, solutions: dict) -> nbformat.NotebookNode:
+    """The notebook the book executes: the learner notebook with the solutions in its stubs.
+
+    The learner notebook's glue prints; the book's run glues (the instructor notebook's given code).
+    """
     run = with_book_sources(nbformat.from_dict(learner), instructor_of(chapter, language), "code")
     for cell in run.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in solutions:
             cell.source = solutions[grade_id]
+    return run
+
+
+def stderr_shown(nb) -> list[tuple[int, str]]:
+    """(cell number, first line) of each cell's output to stderr: a page must show none."""
+    return [(number, output["text"].strip().splitlines()[0]) for number, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" for output in cell.outputs
+            if output.get("output_type") == "stream" and output.get("name") == "stderr" and output["text"].strip()]
+
+
+def run_chapter(chapter) -> None:
+    """Execute the chapter once and cache its learner notebook of every edition with the run's outputs.
+
+    The English run's code is rewritten (``bilingual_run``) so that it prints and draws for the
+    translation too: every number on either page comes from this one run.
+    """
+    key = run_key(chapter)  # of what is read now: a file changed during the run makes a new key
+    learners = {language: nbformat.read(C.learner_notebook(chapter.name, language), as_version=4)
+                for language in EDITIONS}
+    solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
+    runs = {language: _book_run(chapter, learners[language], language, solutions) for language in EDITIONS}
+    run = runs[SOURCE_LANGUAGE]
+    for language in TRANSLATIONS:
+        if [c.cell_type for c in runs[language].cells] != [c.cell_type for c in run.cells]:
+            raise SystemExit(f"{chapter.name}: the {language} notebook's cells are not the English notebook's")
+    (translation,) = TRANSLATIONS  # the rewrite carries one translation
+    for cell, other in zip(run.cells, runs[translation].cells):
+        if cell.cell_type == "code":
+            cell.source = bilingual_run.run_source(cell.source, other.source)
+    require_figure_font(translation)
     started = time.perf_counter()
-    require_figure_font(language)
-    record = language != SOURCE_LANGUAGE  # a translation's figure text is checked for English
-    if record:
-        run.cells.insert(0, nbformat.v4.new_code_cell(RECORD_FIGURE_TEXT))
     with tempfile.TemporaryDirectory(prefix=f"exec-{chapter.name}-") as cwd, \
             tempfile.TemporaryDirectory(prefix="kernel-") as sockets:  # files a chapter writes; the kernel's
+        record_file = str(Path(cwd) / RUN_RECORD)
+        run.cells.insert(0, nbformat.v4.new_code_cell(
+            bilingual_run.prelude(list(C.FIGURE_FONTS.get(translation, ())), record_file)))
         # Sockets as files: nothing listens on TCP (nor warns about it in the build's log).
         # Its connection file there too: jupyter_client would leave one in /tmp for each chapter run.
         kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/kernel",
                                     connection_file=f"{sockets}/connection.json")
+        run.cells.append(nbformat.v4.new_code_cell("_bilingual._dump()"))  # the strings of the cells after the last figure
         NotebookClient(run, km=kernel, timeout=600, resources={"metadata": {"path": cwd}},
                        allow_errors=False).execute()
-        drawn = json.loads((Path(cwd) / FIGURE_TEXT_FILE).read_text()) if record else []
-    print(f"executed {prefix} with the reference in {time.perf_counter() - started:.1f} s")
-    if record:
-        run.cells.pop(0)
-        learner.metadata[FIGURE_TEXT] = True
-    for cell, done in zip(learner.cells, run.cells):
-        if cell.cell_type == "code":
-            solution = cell.metadata.get("nbgrader", {}).get("solution")
-            cell.outputs = [] if solution else done.outputs
-            cell.execution_count = None
-            figures = [f["text"] for f in drawn if f["cell"] == done.source]
-            if figures and not solution:
-                cell.metadata[FIGURE_TEXT] = figures
+        record = json.loads(Path(record_file).read_text())
+    run.cells = run.cells[1:-1]
+    print(f"executed {chapter.name} with the reference in {time.perf_counter() - started:.1f} s (both editions)")
+    stderr = stderr_shown(run)
+    if stderr:  # a warning on a page is a defect of the chapter, never what a reader should see
+        number, line = stderr[0]
+        raise SystemExit(f"{chapter.name}: cell {number} writes to stderr, which its page would show: {line}")
+    if record["problems"]:
+        raise SystemExit(f"{chapter.name}: a figure was drawn without the glyphs it needs: "
+                         + "; ".join(record["problems"][:3]) + " (run `make fonts`)")
+    translator = bilingual_run.Translator(record)
     EXEC_CACHE.mkdir(parents=True, exist_ok=True)
-    for old in EXEC_CACHE.glob(f"{prefix}-*.ipynb"):
-        old.unlink()
-    nbformat.write(learner, cached)
-    return learner
+    for language, learner in learners.items():
+        for cell, done in zip(learner.cells, run.cells):
+            if cell.cell_type != "code":
+                continue
+            cell.execution_count = None
+            if cell.metadata.get("nbgrader", {}).get("solution"):
+                cell.outputs = []
+            elif language == SOURCE_LANGUAGE:
+                cell.outputs = done.outputs
+            else:
+                translated = [translator.output(o) for o in done.outputs]
+                cell.outputs = [output for output, _ in translated]
+                figures = [drawn for _, drawn in translated if drawn is not None]
+                if figures:
+                    cell.metadata[FIGURE_TEXT] = figures
+        if language != SOURCE_LANGUAGE:
+            learner.metadata[FIGURE_TEXT] = True
+        stale = cached_run(chapter, language, key).name.rsplit("-", 1)[0]
+        for old in EXEC_CACHE.glob(f"{stale}-*.ipynb"):
+            old.unlink()
+        nbformat.write(learner, cached_run(chapter, language, key))
 
 
 def instructor_of(chapter, language: str) -> nbformat.NotebookNode:
     return nbformat.read(C.instructor_notebook(chapter.name, language), as_version=4)
 
 
-def _execute(name: str, language: str) -> None:
-    """Run one edition of one chapter into the cache (a worker of ``execute_all``)."""
-    executed_chapter(next(c for c in chapters() if c.name == name), language)
+def _execute(name: str) -> None:
+    """Run one chapter into the cache (a worker of ``execute_all``)."""
+    run_chapter(next(c for c in chapters() if c.name == name))
 
 
 def execute_all(found, jobs: int) -> None:
-    """Fill the executed-notebook cache for every chapter of every edition, JOBS kernels at a time.
+    """Fill the executed-notebook cache for every chapter not cached yet, JOBS kernels at a time.
 
     Every chapter runs torch on one thread, so two kernels on two cores take about half the time
     of one after the other; the longest chapters (by source size) start first.
     """
-    todo = sorted(((c.name, language) for c in found for language in EDITIONS),
-                  key=lambda job: -(C.COURSE_DIR / f"{job[0]}.py").stat().st_size)
-    if jobs <= 1:
-        for job in todo:
-            _execute(*job)
+    todo = sorted((c.name for c in found if not all(cached_run(c, language).exists() for language in EDITIONS)),
+                  key=lambda name: -(C.COURSE_DIR / f"{name}.py").stat().st_size)
+    if jobs <= 1 or len(todo) <= 1:
+        for name in todo:
+            _execute(name)
         return
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for future in [pool.submit(_execute, *job) for job in todo]:
+        for future in [pool.submit(_execute, name) for name in todo]:
             future.result()
 
 
@@ -188,24 +230,6 @@ def glued_outputs(nb: nbformat.NotebookNode) -> dict[str, dict]:
     return {output.metadata["scrapbook"]["name"]: output
             for cell in nb.cells if cell.cell_type == "code"
             for output in cell.outputs if "scrapbook" in output.get("metadata", {})}
-
-
-def with_glued_numbers_of(source: nbformat.NotebookNode, nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """NB quoting SOURCE's glued values: timings differ run to run, the two editions' prose must not.
-
-    A value with letters outside ASCII (a translated string) keeps the edition's own.
-    """
-    numbers = glued_outputs(source)
-
-    def same_as_source(output):
-        name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-        if name not in numbers or not json.dumps(output.get("data", {}), ensure_ascii=False).isascii():
-            return output
-        return numbers[name]
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = [same_as_source(o) for o in cell.outputs]
-    return nb
 
 
 def require_figure_font(language: str) -> None:
@@ -254,8 +278,6 @@ def stage(found, language: str = SOURCE_LANGUAGE) -> Path:
         nb = with_figure_alt_text(with_tests_collapsed(executed_chapter(chapter, language)), language)
         # The page reads the MyST the learner notebook renders plain (``coursegen.learner_view``).
         nb = with_book_sources(nb, instructor_of(chapter, language), "markdown")
-        if language != SOURCE_LANGUAGE:
-            nb = with_glued_numbers_of(executed_chapter(chapter), nb)
         nbformat.write(nb, folder / "chapters" / f"{chapter.name}.ipynb")
     return folder
 

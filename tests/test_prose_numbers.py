@@ -30,16 +30,14 @@ code spans, links and the references are not prose here.
 from __future__ import annotations
 
 import ast
-import hashlib
 import re
 
 import nbformat
 import pytest
 
-from coursegen import chapters, strip_solution_markers
+from coursegen import chapters
 from coursegen.book import EXEC_CACHE, glued_outputs
-from coursekit import conventions as C
-from coursekit.conventions import SOURCE_LANGUAGE
+from coursegen.book import cached_run as book_cached_run
 from test_book import book  # noqa: F401 - the built book, for the tests that read its runs
 
 CHAPTERS = {chapter.name: chapter for chapter in chapters()}
@@ -206,12 +204,8 @@ def typed_copies(text: str, values: dict[str, float]) -> list[str]:
 
 
 def cached_run(name):
-    """The book's cached run of the chapter as it is now (its key as ``coursegen.book.executed_chapter`` makes it)."""
-    chapter = CHAPTERS[name]
-    solutions = {c.name: strip_solution_markers(c.source) for c in chapter.of_kind("exercise")}
-    key = hashlib.sha256(C.learner_notebook(name, SOURCE_LANGUAGE).read_bytes()
-                         + repr(sorted(solutions.items())).encode()).hexdigest()[:16]
-    path = EXEC_CACHE / f"{name}-{key}.ipynb"
+    """The book's cached run of the chapter as it is now (None if the build left none)."""
+    path = book_cached_run(CHAPTERS[name])
     return nbformat.read(path, as_version=4) if path.exists() else None
 
 
