@@ -151,8 +151,9 @@ def run_chapter(chapter) -> None:
         kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/kernel",
                                     connection_file=f"{sockets}/connection.json")
         run.cells.append(nbformat.v4.new_code_cell("_bilingual._dump()"))  # the strings of the cells after the last figure
+        # cleanup_kc: a client given its kernel manager leaves the kernel running (nbclient's default)
         NotebookClient(run, km=kernel, timeout=600, resources={"metadata": {"path": cwd}},
-                       allow_errors=False).execute()
+                       allow_errors=False).execute(cleanup_kc=True)
         record = json.loads(Path(record_file).read_text())
     run.cells = run.cells[1:-1]
     print(f"executed {chapter.name} with the reference in {time.perf_counter() - started:.1f} s (both editions)")
