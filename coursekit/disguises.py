@@ -106,11 +106,19 @@ def _reads_writes(stmt: ast.stmt) -> tuple[set, set]:
 SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)
 
 
+def _writes_into(stmt: ast.stmt) -> bool:
+    """The statement writes into a tensor (x[...] = ..., x[...] += ...): a view of it read by a name
+    the statement never mentions (l_i = l[..., i:j]) changes too."""
+    return any(isinstance(n, ast.Subscript) and isinstance(n.ctx, (ast.Store, ast.Del)) for n in ast.walk(stmt))
+
+
 def _independent(a: ast.stmt, b: ast.stmt) -> bool:
     if not (isinstance(a, SIMPLE) and isinstance(b, SIMPLE)):
         return False
     if any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) for s in (a, b)):
         return False  # a docstring stays first
+    if _writes_into(a) or _writes_into(b):
+        return False
     ra, wa = _reads_writes(a)
     rb, wb = _reads_writes(b)
     return not (wa & rb or wb & ra or wa & wb)
@@ -146,6 +154,10 @@ def renamed(source: str, rng: random.Random) -> str:
         for nested in ast.walk(fn):  # comprehension and lambda variables, nested functions' own
             if isinstance(nested, ast.Global | ast.Nonlocal):
                 bound = [b for b in bound if b not in nested.names]
+            if nested is not fn and isinstance(nested, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                # a nested function's parameter of the same name is another variable: both kept
+                inner = {a.arg for a in ast.walk(nested.args) if isinstance(a, ast.arg)}
+                bound = [b for b in bound if b not in inner]
         mapping = {}
         for name in bound:
             stem = rng.choice(NAME_POOL)
@@ -245,9 +257,12 @@ FUNCTION_METHODS = {"exp", "log", "tanh", "sigmoid", "relu", "sqrt", "rsqrt", "a
 
 
 class _Swap(ast.NodeTransformer):
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, modules: tuple[str, ...] = ("torch", "F", "nn.functional",
+                                                                        "torch.nn.functional")):
         self.rng = rng
         self.count = 0
+        self.modules = modules  # the names that are torch's modules in this cell
+        self.F = "F" in modules
 
     def _go(self) -> bool:
         go = self.rng.random() < 0.8
@@ -268,7 +283,7 @@ class _Swap(ast.NodeTransformer):
         if not isinstance(f, ast.Attribute):
             return node
         owner = _dotted(f.value)
-        is_module = owner in ("torch", "F", "nn.functional", "torch.nn.functional")
+        is_module = owner in self.modules
         name = f.attr
         if name == "transpose" and not is_module and _is_last_two(node.args) and not node.keywords and self._go():
             choice = self.rng.randrange(3)
@@ -287,7 +302,7 @@ class _Swap(ast.NodeTransformer):
                     return ast.Call(_attr(x, "softmax"), [dim], [])
                 return ast.Call(_torch("softmax"), [x], [ast.keyword("dim", dim)])
             if not is_module and _dim_of(node, 0) is not None and self._go():
-                return ast.Call(_attr(ast.Name("F", ast.Load()), "softmax"),
+                return ast.Call(_attr(ast.Name("F", ast.Load()), "softmax") if self.F else _torch("softmax"),
                                 [f.value], [ast.keyword("dim", _dim_of(node, 0))])
         if name == "masked_fill" and not is_module and len(node.args) == 2 and not node.keywords and self._go():
             mask, value = node.args
@@ -302,7 +317,8 @@ class _Swap(ast.NodeTransformer):
                 return ast.Call(_attr(node.args[0], name), node.args[1:], node.keywords)
             if not is_module and owner not in ("math", "np", "self") and name != "relu":
                 return ast.Call(_torch(name), [f.value, *node.args], node.keywords)
-        if owner == "F" and name in ("relu", "gelu", "silu", "linear", "pad", "layer_norm", "dropout") and self._go():
+        if owner == "F" and self.F and name in ("relu", "gelu", "silu", "linear", "pad", "layer_norm", "dropout") \
+                and self._go():
             return ast.Call(_attr(_attr(_attr(ast.Name("torch", ast.Load()), "nn"), "functional"), name),
                             node.args, node.keywords)
         return node
@@ -323,8 +339,13 @@ class _Swap(ast.NodeTransformer):
 
 
 def calls_swapped(source: str, rng: random.Random) -> str:
-    """Calls replaced by equivalent ones, each site with chance 0.8."""
-    tree = _Swap(rng).visit(ast.parse(source))
+    """Calls replaced by equivalent ones, each site with chance 0.8 (``F`` is no module where the cell
+    binds the name itself: linformer_attention's projection argument)."""
+    tree = ast.parse(source)
+    bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)} | \
+        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    modules = tuple(m for m in ("torch", "F", "nn.functional", "torch.nn.functional") if m not in bound)
+    tree = _Swap(rng, modules).visit(tree)
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 

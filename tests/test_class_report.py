@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import math
 import subprocess
 import sys
 import xml.dom.minidom
@@ -156,15 +157,19 @@ def test_similarity_finds_copies_of_the_reference(graded):
 def test_detection_and_false_positive_rates():
     """On the disguise generator's held-out half (odd seeds; benchmarks/similarity_accuracy.py),
     every chapter meets the target at the default threshold: at least 90 % of disguised copies
-    listed, at most 2 % of pairs of independent answers (and of cells of different origins)."""
+    listed, no pair of independent answers listed, at most 2 % of pairs of cells of different
+    origins; chapters 3 and 5-7 have independent answers in more than the catalogs' styles."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from similarity_accuracy import TARGET_DETECTED, TARGET_FALSE, measure
     rows = measure("held-out")
     for row in rows:
         assert row["copies"] >= 50 and row["independent_pairs"] >= 10, row["chapter"]
         assert row["detection_rate"] >= TARGET_DETECTED, (row["chapter"], row["missed"][:10])
-        assert row["false_rate"] <= TARGET_FALSE, (row["chapter"], row["false"])
+        assert row["false_independent"] == 0 and row["false_rate"] <= TARGET_FALSE, (row["chapter"], row["false"])
         assert row["false_rate_with_copies"] <= TARGET_FALSE, row["chapter"]
+    pairs = {row["chapter"]: row["independent_pairs"] for row in rows}
+    assert all(pairs[c] >= 20 for c in ("03_multi_head_attention", "05_transformer", "06_efficient_attention",
+                                        "07_gpt")), pairs
 
 
 def test_every_disguise_of_a_cell_is_listed():
@@ -179,6 +184,102 @@ def test_every_disguise_of_a_cell_is_listed():
         assert pairs[0].score >= S.THRESHOLD, kind
     assert D.disguise(source, "combined", 3) == D.disguise(source, "combined", 3)  # seeded
     assert {D.split(s) for s in (0, 2)} == {"tuning"} and {D.split(s) for s in (1, 3)} == {"held-out"}
+
+
+UNSCALED = {  # the same named mistake ("scores not scaled by 1/sqrt(d_k)") written two ways
+    "kim": """def scaled_dot_product_attention(query, key, value, mask=None):
+    scores = query @ key.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(-1)
+    return weights @ value, weights
+""",
+    "lee": """def scaled_dot_product_attention(query, key, value, mask=None):
+    logits = torch.einsum("...qd,...kd->...qk", query, key)
+    if mask is not None:
+        logits = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
+    attn = torch.exp(logits - logits.amax(-1, keepdim=True))
+    attn = attn / attn.sum(-1, keepdim=True)
+    return torch.einsum("...qk,...kv->...qv", attn, value), attn
+""",
+}
+UPPER_MASK = {"causal_mask": "def causal_mask(n):\n    return torch.ones(n, n, dtype=torch.bool).triu()\n"}
+COMMON = [f"s{i:02d}" for i in range(12)]  # 12 of 20 make the causal mask's mistake
+CORRECT_ONLY = [f"r{i}" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def shared_failure_class(tmp_path_factory):
+    """A class of 20 of Chapter 2 graded in process (no nbgrader): kim and lee lose the four
+    scaled_dot_product_attention tests with the same named mistake, each in their own code; 12 others
+    share the causal mask's mistake; 6 hand in the reference. Its reports written from the ledger."""
+    import re
+
+    import nbformat
+
+    from autograder.classroom import class_report
+    from autograder.classroom.ledger import Ledger
+    from autograder.inprocess import grade_forked
+    from coursekit.sample_submissions import submission
+    folder = tmp_path_factory.mktemp("shared-failures")
+    answers = {**{s: {"scaled_dot_product_attention": src} for s, src in UNSCALED.items()},
+               **{s: UPPER_MASK for s in COMMON}, **{s: {} for s in CORRECT_ONLY}}
+    distinct = {json.dumps(a, sort_keys=True) for a in answers.values()}
+    paths = {}
+    for i, key in enumerate(sorted(distinct)):
+        paths[key] = folder / f"graded-{i}.ipynb"
+        nbformat.write(submission(json.loads(key), chapter=CHAPTER), paths[key])
+    results = dict(zip(paths, grade_forked(list(paths.values()))))
+    line = re.compile(r"^(\w+) \(([\d.]+)/")
+    totals = {}
+    for student, cells in answers.items():
+        result = results[json.dumps(cells, sort_keys=True)]
+        notebook = folder / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb"
+        notebook.parent.mkdir(parents=True)
+        nbformat.write(submission(cells, chapter=CHAPTER), notebook)
+        tests = {m[1]: float(m[2]) for ex in result["exercises"].values() for m in map(line.match, ex["feedback"])}
+        Ledger(folder).append({"student": student, "chapter": CHAPTER, "sha256": "", "status": "ok", "reason": "",
+                               "score": result["score"], "max_score": result["max_score"],
+                               "exercises": result["exercises"], "tests": tests, "repairs": [], "notes": []})
+        totals[student] = result["score"]
+    class_report.write(folder, scores={CHAPTER: totals})
+    with open(folder / "class-similarity.csv") as f:
+        return folder, list(csv.DictReader(f))
+
+
+def test_shared_rare_failure_lists_the_pair(shared_failure_class):
+    """Two submissions that lose the same hidden tests with the same named mistake, which 2 of the 20
+    make, are listed with that reason though their code is not alike; a mistake 12 of 20 share lists
+    no pair; the page shows the reason beside the pair."""
+    from autograder.classroom import similarity as S
+    folder, rows = shared_failure_class
+    shared = [r for r in rows if r["same wrong result"]]
+    assert [(r["exercise"], r["a"], r["b"]) for r in shared] == [("scaled_dot_product_attention", "kim", "lee")]
+    reason = shared[0]["same wrong result"]
+    assert reason.startswith("same wrong result on tests test_scaled_dot_product_attention_")
+    assert all(f"test_scaled_dot_product_attention_{t}" in reason for t in ("worked_example", "shapes", "values", "mask"))
+    assert "“scores not scaled by 1/sqrt(d_k)” (2 of 20 graded submissions)" in reason
+    assert float(shared[0]["shared failure weight"]) == pytest.approx(math.log(20 / 2), abs=0.01)
+    assert float(shared[0]["score"]) < S.THRESHOLD  # plain similarity would not list them
+    assert not any(r["exercise"] == "causal_mask" for r in rows)
+    soup = _soup(folder / "class-similarity.html")
+    assert [p.get_text() for p in soup.select(".pair .shared")] == [reason]
+    summary = {r[0]: r for r in _rows(soup, "similarity-summary")}
+    assert summary["scaled_dot_product_attention"][5] == "1" and summary["causal_mask"][5] == "0"
+    assert "1 with the same rare wrong result" in (folder / "class-report.html").read_text()
+
+
+def test_shared_failures_weigh_rarity():
+    """A failure's weight is the inverse of how often the class makes it: the same two students
+    listed in a class of 20 are not listed in a class of 5, where 2 is 40 %; a named mistake lost
+    on several tests counts once."""
+    from autograder.classroom import similarity as S
+    lost = [S.Lost(f"test_{t}", "f", 0.0, 1.0, "scores not scaled") for t in ("a", "b", "c")]
+    for size, listed in ((20, True), (5, False)):
+        found = S.shared_failures({"kim": lost, "lee": lost}, size)
+        assert (frozenset(("kim", "lee")) in found.get("f", {})) is listed, size
+    shared = S.shared_failures({"kim": lost, "lee": lost}, 20)["f"][frozenset(("kim", "lee"))]
+    assert shared.weight == pytest.approx(math.log(10)) and shared.tests == ("test_a", "test_b", "test_c")
 
 
 def _mapping(path: Path, students) -> Path:

@@ -10,7 +10,7 @@ the submitted notebooks (for the similarity page, ``similarity``).
                            submissions that could not be graded and why, the runs' times
     class-report.csv       the same tables, long form (table, chapter, item, value, of, detail)
     class-similarity.html  per exercise, the most similar pairs of answer cells side by side
-    class-similarity.csv   every pair at or above the threshold, with its scores
+    class-similarity.csv   every pair at or above the threshold, or with the same rare wrong result
 
 The pages are for the instructor (English), offline: figures are SVG data URIs (drawn
 here), the CSS is inline and there is no script. Every value on them (student ids, exercise and
@@ -53,6 +53,45 @@ def mistake_of(message: str) -> str:
         if depth == 0:
             return text[:i].rstrip() if i > 0 and text[i - 1] == " " and text[:i].strip() else text
     return text
+
+
+# The grader's own verdicts on a target begin with its name ("`f` raised ...", "`f`: output 0
+# differs from the reference", "`f` is not implemented yet"); a chapter's named mistakes and checks
+# do not. Two of the former need not be the same wrong values, so they are no shared failure.
+_GRADERS_OWN = ("`", "backpropagating through `")
+
+
+def lost_tests(entry: dict, grades: dict | None = None) -> list:
+    """The tests a graded ledger entry lost points on, each with the named mistake of its verdict
+    (``similarity.Lost``; for the similarity report's shared failures).
+
+    Test ids, scores and points are data: the gradebook's grades (a grader's manual score over the
+    auto score) when given, else the ledger's scores, and the chapter's points. The named mistake
+    is not: the ledger keeps each verdict only as the feedback line "test (got/max): message", so
+    this function is the one place that parses it for the similarity report (until verdicts are
+    recorded as data). A test whose lines name no mistake is left out.
+    """
+    from ..chapters import known
+    from .similarity import Lost
+    if entry.get("status") != "ok":
+        return []
+    grades = grades or {}
+    info = known().get(entry["chapter"])
+    points = dict(info.tests) if info else {}
+    scores = {t: g["score"] for t, g in grades.items()} or dict(entry.get("tests", {}))
+    lost: dict[tuple[str, str], Lost] = {}
+    for exercise, ex in sorted(entry.get("exercises", {}).items()):
+        for line in ex.get("feedback", []):
+            m = _LINE.match(line)
+            if not m or m["message"].startswith(_GRADERS_OWN):
+                continue
+            test = m["test"]
+            top = grades[test]["max_score"] if test in grades else points.get(test, float(m["max"]))
+            score = float(scores.get(test, m["got"]))
+            if score < top:
+                mistake = mistake_of(m["message"])
+                lost.setdefault((test, mistake), Lost(test, exercise, score, top, mistake))
+    return list(lost.values())
 
 
 def record_run(folder: Path, started: float, summary: dict, workers: int, shard=None) -> None:
@@ -282,6 +321,8 @@ th{background:#f2f2f2}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .pair{display:grid;grid-template-columns:1fr 1fr;gap:.5rem;margin:.3rem 0 1.2rem}
 .pair pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;margin:0;overflow-x:auto;font-size:.8rem}
 .pair h4{margin:.2rem 0;font-size:.9rem}
+.pair .shared{grid-column:1/-1;margin:0;background:#eef3fa;border-left:4px solid #3b6ea5;padding:.2rem .5rem;
+  font-size:.85rem}
 .group{background:#fff4e0;border-left:4px solid #e0a030;padding:.3rem .6rem}
 details pre{background:#f7f7f7;border:1px solid #ddd;padding:.5rem;font-size:.8rem;overflow-x:auto}
 """
@@ -451,7 +492,7 @@ def same_code_groups(pairs) -> list[list[str]]:
             x = parent[x]
         return x
     for p in pairs:
-        if p.score >= 0.999:
+        if p.similar and p.score >= 0.999:
             parent[root(p.a)] = root(p.b)
     groups = defaultdict(list)
     for name in parent:
@@ -459,14 +500,30 @@ def same_code_groups(pairs) -> list[list[str]]:
     return sorted((sorted(g) for g in groups.values() if len(g) > 2), key=lambda g: (-len(g), g))
 
 
+def _pair_heading(p, threshold: float) -> str:
+    """A pair's score as listed: whether it reached the threshold, or a cell was too short to rank."""
+    if not p.ranked:
+        return f"score {p.score:.2f} (a cell too short to rank)"
+    if p.similar:
+        return f"score {p.score:.2f} (tokens {p.tokens:.2f}, statements {p.statements:.2f})"
+    return f"score {p.score:.2f} (below {threshold:.2f})"
+
+
 def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: float, folder_name: str) -> str:
+    from . import similarity
     parts = [f"<h1>Similar answer cells: {_e(folder_name)}</h1>",
              "<p class='note'>This page ranks pairs of answer cells for a person to read; it accuses no one. "
              "A high score means the two cells are the same code up to names, comments, docstrings and the "
              "order of independent statements; short or heavily constrained exercises are alike in every "
-             f"correct answer. Pairs scoring at least {threshold:.2f} are listed (score = the larger of the "
-             "token-fingerprint and statement-multiset Dice coefficients; the released stub's own code is "
-             "left out first). <b>(reference solution)</b> is the published reference.</p>"]
+             f"correct answer. Pairs scoring at least {threshold:.2f} are listed (score = the size-weighted Dice "
+             "coefficient of the two cells' syntax subtrees in a canonical form; the released stub's own code is "
+             "left out first). <b>(reference solution)</b> is the published reference.</p>",
+             "<p class='note'>A pair is listed too, whatever its score, when both submissions lost points on the "
+             "same hidden tests with the same named mistake and few in the class did (<b>same wrong result</b>: "
+             "each mistake weighs log(graded / n) for the n submissions that made it, nothing when a quarter of "
+             f"the class or more did; listed from {similarity.SHARED_WEIGHT:.2f}, one mistake a tenth of the "
+             "class made). Such a pair may have learnt the same wrong idea together; it is a question to ask, "
+             "not a finding. Pairs with both reasons come first.</p>"]
     for chapter, pairs in pairs_by_chapter.items():
         parts.append(f"<h2>{_e(chapter)}</h2>")
         stats = stats_by_chapter.get(chapter, {})
@@ -474,10 +531,11 @@ def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: f
         for p in pairs:
             by_exercise[p.exercise].append(p)
         parts.append(_table(["exercise", "cells compared", "not ranked (stub or too short)", "pairs listed",
-                             "with the reference"],
+                             "with the reference", "same wrong result"],
                             [[x, s["compared"], s["not ranked"], len(by_exercise[x]),
-                              sum(p.a == "(reference solution)" for p in by_exercise[x])]
-                             for x, s in stats.items()], numeric={1, 2, 3, 4}, cls="similarity-summary"))
+                              sum(p.a == similarity.REFERENCE for p in by_exercise[x]),
+                              sum(p.shared is not None for p in by_exercise[x])]
+                             for x, s in stats.items()], numeric={1, 2, 3, 4, 5}, cls="similarity-summary"))
         for exercise, listed in by_exercise.items():
             parts.append(f"<h3>{_e(exercise)}</h3>")
             groups = same_code_groups(listed)
@@ -499,16 +557,35 @@ def similarity_html(pairs_by_chapter: dict, stats_by_chapter: dict, threshold: f
                                  f"the same code written differently</h4>"
                                  f"<pre>{_e(cell[first])}</pre><pre>{_e(text)}</pre></div>")
             grouped = {m: i for i, g in enumerate(groups) for m in g}
-            listed = [p for p in listed if p.a not in grouped or grouped.get(p.a) != grouped.get(p.b)]
-            for p in listed[:SHOWN_PAIRS]:
-                parts.append(f"<div class='pair'><h4>{_e(p.a)}</h4><h4>{_e(p.b)} &mdash; score {p.score:.2f} "
-                             f"(tokens {p.tokens:.2f}, statements {p.statements:.2f})</h4>"
-                             f"<pre>{_e(p.source_a)}</pre><pre>{_e(p.source_b)}</pre></div>")
-            if len(listed) > SHOWN_PAIRS:
-                parts.append(f"<p class='note'>{len(listed) - SHOWN_PAIRS} more pairs in {SIMILARITY_CSV}.</p>")
+            # a pair of one group is shown by its group, unless it shares failures too
+            listed = [p for p in listed if p.shared or p.a not in grouped or grouped.get(p.a) != grouped.get(p.b)]
+            # the most similar pairs, and those with a shared failure however low their score
+            shown = listed[:SHOWN_PAIRS] + [p for p in listed[SHOWN_PAIRS:] if p.shared][:SHOWN_PAIRS]
+            for p in shown:
+                parts.append(f"<div class='pair'><h4>{_e(p.a)}</h4><h4>{_e(p.b)} &mdash; "
+                             f"{_e(_pair_heading(p, threshold))}</h4>"
+                             + (f"<p class='shared'>{_e(p.shared.reason())}</p>" if p.shared else "")
+                             + f"<pre>{_e(p.source_a)}</pre><pre>{_e(p.source_b)}</pre></div>")
+            if len(listed) > len(shown):
+                parts.append(f"<p class='note'>{len(listed) - len(shown)} more pairs in {SIMILARITY_CSV}.</p>")
     if not pairs_by_chapter:
         parts.append("<p>No answer cells to compare.</p>")
     return _page(f"Similar answer cells: {folder_name}", "\n".join(parts))
+
+
+def shared_failures(folder: Path, chapters, gradebook: bool = True) -> dict:
+    """chapter -> ``similarity.shared_failures`` of its graded submissions, from the ledger (and the
+    gradebook's grades, unless gradebook is False: then the ledger's scores)."""
+    from . import similarity
+    from .gradebook import grade_scores
+    grades = grade_scores(folder) if gradebook else {}
+    lost: dict[str, dict] = {c: {} for c in chapters}
+    graded = dict.fromkeys(chapters, 0)
+    for e in Ledger(folder).entries().values():
+        if e["chapter"] in lost and e.get("status") == "ok":
+            graded[e["chapter"]] += 1
+            lost[e["chapter"]][e["student"]] = lost_tests(e, grades.get((e["chapter"], e["student"])))
+    return {c: similarity.shared_failures(lost[c], graded[c]) for c in chapters}
 
 
 def write(folder: Path, submitted: Path | None = None, threshold: float | None = None,
@@ -524,27 +601,32 @@ def write(folder: Path, submitted: Path | None = None, threshold: float | None =
     timings["tables"] = time.perf_counter() - started
     started = time.perf_counter()
     pairs_by_chapter, stats_by_chapter = {}, {}
+    failures = shared_failures(folder, report.chapters, scores is None)
     for chapter in report.chapters:
         students = list(report.scores[chapter])
         cells = similarity.class_cells(submitted, chapter, students)
         pairs, stats = similarity.rank(chapter, cells, similarity.stubs(chapter), similarity.reference(chapter),
-                                       threshold)
+                                       threshold, failures[chapter])
         pairs_by_chapter[chapter], stats_by_chapter[chapter] = pairs, stats
     timings["similarity"] = time.perf_counter() - started
     started = time.perf_counter()
-    listed = sum(map(len, pairs_by_chapter.values()))
-    with_reference = sum(p.a == similarity.REFERENCE for ps in pairs_by_chapter.values() for p in ps)
+    listed = sum(p.similar for ps in pairs_by_chapter.values() for p in ps)
+    with_reference = sum(p.similar and p.a == similarity.REFERENCE for ps in pairs_by_chapter.values() for p in ps)
+    failing = sum(p.shared is not None for ps in pairs_by_chapter.values() for p in ps)
     (folder / SIMILARITY_HTML).write_text(similarity_html(pairs_by_chapter, stats_by_chapter, threshold,
                                                           folder.name))
     with open(folder / SIMILARITY_CSV, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["chapter", "exercise", "a", "b", "score", "tokens", "statements"])
+        writer.writerow(["chapter", "exercise", "a", "b", "score", "tokens", "statements", "ranked",
+                         "shared failure weight", "same wrong result"])
         for pairs in pairs_by_chapter.values():
             for p in pairs:
                 writer.writerow([p.chapter, p.exercise, p.a, p.b, f"{p.score:.3f}", f"{p.tokens:.3f}",
-                                 f"{p.statements:.3f}"])
+                                 f"{p.statements:.3f}", "yes" if p.ranked else "no",
+                                 f"{p.shared.weight:.2f}" if p.shared else "", p.shared.reason() if p.shared else ""])
     (folder / REPORT_HTML).write_text(report_html(
-        report, folder.name, f": {listed} pairs at or above {threshold:.2f}, {with_reference} with the reference"))
+        report, folder.name, f": {listed} pairs at or above {threshold:.2f}, {with_reference} with the reference; "
+                             f"{failing} with the same rare wrong result"))
     with open(folder / REPORT_CSV, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["table", "chapter", "item", "value", "of", "detail"])

@@ -20,6 +20,15 @@ own (a one-line ``causal_mask``, a ``forward`` that calls the given pieces) are 
 every correct answer to them looks alike. ``benchmarks/similarity_accuracy.py`` measures it on
 disguised copies (coursekit.disguises) and independent answers of every chapter.
 
+**Shared failures** are what plain similarity cannot see: two submissions that lose points on
+the same hidden test with the same named mistake (the grader found both reproduce one mistake
+model's wrong values there), rewritten enough to look independent. A failure many in the class
+share says nothing of copying, so each weighs its inverse frequency in the class
+(``log(graded / sharing)``, as IDF weighs a word), one that at least ``COMMON_SHARE`` of the
+graded submissions share weighs nothing, and a pair whose shared failures of one exercise weigh
+``SHARED_WEIGHT`` or more is listed with them as its reason (``shared_failures``), whatever the
+score of its cells. Listed for a person to read, as every pair here.
+
 Why not a library: ``copydetect`` (0.5.0 on PyPI; winnowing as MOSS) fingerprints files on
 disk, filters them with Pygments into characters (every name, attribute names included,
 becomes ``V``, so ``torch.tril`` and ``torch.triu`` look the same) and has no syntax-tree
@@ -32,7 +41,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import itertools
 import json
+import math
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +60,8 @@ MIN_OWN = 15  # subtrees of its own (beyond the stub): fewer, and a cell is not 
 MIN_SUBTREE = 3  # nodes: smaller subtrees (a name, a constant, x.attr) say nothing
 THRESHOLD = 0.6  # pairs at or above this are listed (benchmarks/similarity_accuracy.py: why)
 REFERENCE = "(reference solution)"
+COMMON_SHARE = 0.25  # a failure a quarter of the graded submissions share or more is no evidence
+SHARED_WEIGHT = math.log(10)  # a pair is listed from this weight on: one failure of a tenth of the class
 
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER, tokenize.TYPE_COMMENT}
 
@@ -170,6 +183,30 @@ def answer_cells(path: Path, chapter: str | None = None) -> dict[str, str]:
     return found
 
 
+@dataclass(frozen=True)
+class Lost:
+    """A hidden test a submission lost points on (score below points), and the named mistake its
+    verdict gave there: read from the grading record (``class_report.lost_tests``)."""
+    test: str
+    exercise: str
+    score: float
+    points: float
+    mistake: str
+
+
+@dataclass
+class SharedFailure:
+    """What two submissions lost the same way in one exercise."""
+    tests: tuple[str, ...]                  # the tests both lost with the same named mistake
+    mistakes: tuple[tuple[str, int], ...]   # each shared mistake, with how many submissions made it
+    weight: float                           # the sum of the mistakes' inverse-frequency weights
+    graded: int                             # graded submissions of the chapter
+
+    def reason(self) -> str:
+        made = "; ".join(f"“{m}” ({n} of {self.graded} graded submissions)" for m, n in self.mistakes)
+        return f"same wrong result on tests {', '.join(self.tests)}: {made}"
+
+
 @dataclass
 class Pair:
     chapter: str
@@ -181,6 +218,52 @@ class Pair:
     statements: float
     source_a: str
     source_b: str
+    similar: bool = True                  # listed for its score (at or above the threshold)
+    ranked: bool = True                   # both cells have enough code of their own to be ranked
+    shared: SharedFailure | None = None   # listed (too) for the rare failures both share
+
+
+def shared_failures(lost: dict[str, list[Lost]], graded: int) -> dict[str, dict[frozenset, SharedFailure]]:
+    """exercise -> {frozenset((a, b)): what both lost the same way}, for the pairs whose shared
+    failures weigh at least SHARED_WEIGHT.
+
+    lost: student -> the tests their submission lost; graded: the chapter's graded submissions.
+    A failure is one test lost with one named mistake; it weighs log(graded / n) for the n
+    submissions that have it, and nothing when n is at least COMMON_SHARE of graded. One mistake
+    lost on several tests is one bug: it weighs as its rarest shared test, and a pair's weight is
+    the sum over the distinct mistakes both made in the exercise.
+    """
+    who: dict[tuple[str, str, str], set[str]] = {}  # (exercise, mistake, test) -> students
+    for student, tests in lost.items():
+        for t in tests:
+            who.setdefault((t.exercise, t.mistake, t.test), set()).add(student)
+    found: dict[tuple, dict] = {}  # (exercise, pair) -> {mistake: [weight, n, tests]}
+    for (exercise, mistake, test), students in who.items():
+        n = len(students)
+        if n < 2 or n >= COMMON_SHARE * graded:
+            continue
+        weight = math.log(graded / n)
+        for a, b in itertools.combinations(sorted(students), 2):
+            entry = found.setdefault((exercise, frozenset((a, b))), {}).setdefault(mistake, [0.0, n, set()])
+            if weight > entry[0]:
+                entry[0], entry[1] = weight, n
+            entry[2].add(test)
+    out: dict[str, dict[frozenset, SharedFailure]] = {}
+    for (exercise, pair), by_mistake in found.items():
+        weight = sum(w for w, _, _ in by_mistake.values())
+        if weight < SHARED_WEIGHT - 1e-9:  # one failure of exactly a tenth of the class is enough
+            continue
+        ordered = sorted(by_mistake.items(), key=lambda kv: (kv[1][1], kv[0]))  # the rarest first
+        out.setdefault(exercise, {})[pair] = SharedFailure(
+            tuple(sorted({t for _, (_, _, ts) in ordered for t in ts})),
+            tuple((m, n) for m, (_, n, _) in ordered), weight, graded)
+    return out
+
+
+def _dice(a: set, b: set) -> float:
+    """The weighted Dice coefficient of two sets (as _dice_matrix, for one pair)."""
+    total = sum(map(_weight, a)) + sum(map(_weight, b))
+    return 2 * sum(map(_weight, a & b)) / total if total else 0.0
 
 
 def _weight(item) -> float:
@@ -213,14 +296,18 @@ def combine(by_tokens: np.ndarray, by_subtrees: np.ndarray) -> np.ndarray:
 
 
 def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | None = None,
-         reference: dict[str, str] | None = None, threshold: float = THRESHOLD) -> tuple[list[Pair], dict]:
-    """Pairs of answer cells at or above threshold, most similar first, per exercise.
+         reference: dict[str, str] | None = None, threshold: float = THRESHOLD,
+         shared: dict[str, dict[frozenset, SharedFailure]] | None = None) -> tuple[list[Pair], dict]:
+    """Pairs of answer cells at or above threshold, and pairs with shared rare failures, per exercise.
 
     cells: student -> {exercise: source}; base: exercise -> released stub;
-    reference: exercise -> reference solution (compared as the pseudo-student REFERENCE).
+    reference: exercise -> reference solution (compared as the pseudo-student REFERENCE);
+    shared: ``shared_failures`` of the class (a pair listed there is listed whatever its score).
+    Pairs with both reasons come first, then by score.
     Returns the pairs and, per exercise, how many cells were compared and how many skipped.
     """
     base = base or {}
+    shared = shared or {}
     people = dict(cells)
     if reference:
         people[REFERENCE] = reference
@@ -230,6 +317,7 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
     for exercise in exercises:
         stub = fingerprint(base[exercise], exercise=exercise) if exercise in base else None
         names, sources, fps = [], [], []
+        every: dict[str, Fingerprint] = {}  # each cell's fingerprint, ranked or not
         skipped = 0
         seen: dict[str, Fingerprint] = {}  # a class has many identical cells: fingerprint each text once
         for name, answers in sorted(people.items()):
@@ -237,24 +325,38 @@ def rank(chapter: str, cells: dict[str, dict[str, str]], base: dict[str, str] | 
                 continue
             text = answers[exercise]
             fp = seen.get(text) or seen.setdefault(text, fingerprint(text, stub, exercise))
+            every[name] = fp
             if len(fp.tokens) < MIN_FINGERPRINTS or len(fp.statements) < MIN_OWN:
                 skipped += 1  # an untouched stub, or too short to tell copying from agreeing
                 continue
             names.append(name)
             sources.append(answers[exercise])
             fps.append(fp)
-        stats[exercise] = {"compared": len(names), "not ranked": skipped}
-        if len(names) < 2:
-            continue
-        by_tokens = _dice_matrix([f.tokens for f in fps])
-        by_statements = _dice_matrix([f.statements for f in fps])
-        score = combine(by_tokens, by_statements)
-        upper = np.triu(score >= threshold, k=1)
-        for i, j in zip(*np.nonzero(upper)):
-            a, b = (j, i) if names[j] == REFERENCE else (i, j)  # the reference on the left
-            pairs.append(Pair(chapter, exercise, names[a], names[b], float(score[i, j]),
-                              float(by_tokens[i, j]), float(by_statements[i, j]), sources[a], sources[b]))
-    pairs.sort(key=lambda p: (-p.score, p.exercise, p.a, p.b))
+        failing = {p: s for p, s in shared.get(exercise, {}).items() if p <= every.keys()}
+        stats[exercise] = {"compared": len(names), "not ranked": skipped, "shared failures": len(failing)}
+        listed: dict[frozenset, Pair] = {}
+        if len(names) >= 2:
+            by_tokens = _dice_matrix([f.tokens for f in fps])
+            by_statements = _dice_matrix([f.statements for f in fps])
+            score = combine(by_tokens, by_statements)
+            upper = np.triu(score >= threshold, k=1)
+            for i, j in zip(*np.nonzero(upper)):
+                a, b = (j, i) if names[j] == REFERENCE else (i, j)  # the reference on the left
+                listed[frozenset((names[a], names[b]))] = Pair(
+                    chapter, exercise, names[a], names[b], float(score[i, j]), float(by_tokens[i, j]),
+                    float(by_statements[i, j]), sources[a], sources[b])
+        ranked = set(names)
+        for pair, failure in failing.items():
+            if pair not in listed:
+                a, b = sorted(pair)
+                fa, fb = every[a], every[b]
+                by_statements = _dice(fa.statements, fb.statements)
+                listed[pair] = Pair(chapter, exercise, a, b, by_statements, _dice(fa.tokens, fb.tokens),
+                                    by_statements, people[a][exercise], people[b][exercise],
+                                    similar=False, ranked=pair <= ranked)
+            listed[pair].shared = failure
+        pairs += listed.values()
+    pairs.sort(key=lambda p: (-(p.similar + (p.shared is not None)), -p.score, p.exercise, p.a, p.b))
     return pairs, stats
 
 
