@@ -94,7 +94,7 @@ def formatted(*parts):
             value, conversion, spec = part
             convert = _CONVERT[conversion]
             en.append(format(convert(english(value)), english(spec)))
-            tr.append(format(convert(translation(value)), english(spec)))
+            tr.append(format(convert(_translated_whole(value)), english(spec)))
         else:
             en.append(part)
             tr.append(part)
@@ -141,6 +141,18 @@ def _radd(self, other):
     if not isinstance(other, str):
         return NotImplemented
     return _pair(english(other) + english(self), _translated_whole(other) + translation(self))
+
+
+def joined(separator, items):
+    """``separator.join(items)`` (any join in the code): with a string in both languages among the
+    items, both languages' joins (``" ".join`` of translated words keeps its translation)."""
+    if not isinstance(separator, str):
+        return separator.join(items)
+    items = list(items)
+    if not isinstance(separator, Bilingual) and not any(isinstance(i, Bilingual) for i in items):
+        return str.join(separator, items)
+    return _pair(str.join(english(separator), [english(i) for i in items]),
+                 str.join(translation(separator), [_translated_whole(i) for i in items]))
 
 
 def called(function, *args, **kwargs):
@@ -216,7 +228,7 @@ def install(namespace: dict, fonts: list[str], record_file: str):
 
     installed = {f.name for f in font_manager.fontManager.ttflist}
     _state.update(file=record_file, fonts=[name for name in fonts if name in installed])
-    namespace.update(_tr_text=literal, _tr_both=both, _tr_format=formatted, _tr_call=called)
+    namespace.update(_tr_text=literal, _tr_both=both, _tr_format=formatted, _tr_call=called, _tr_join=joined)
     font_log = _FontLog()
     logging.getLogger("matplotlib.font_manager").addHandler(font_log)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from .bilingual_kernel import translated_text
 
 KERNEL_MODULE = Path(__file__).with_name("bilingual_kernel.py")
-LITERAL, BOTH, FORMATTED, CALLED = "_tr_text", "_tr_both", "_tr_format", "_tr_call"
+LITERAL, BOTH, FORMATTED, CALLED, JOINED = "_tr_text", "_tr_both", "_tr_format", "_tr_call", "_tr_join"
 # The chapters' helpers that pad text to a width in columns: called through ``called`` wherever they
 # are (any call in an f-string's value is), so each language gets its own padding.
 TEXT_HELPERS = {"pad_to", "pad"}
@@ -60,7 +60,7 @@ def _calls_per_language(expression: ast.expr) -> ast.expr:
     class Calls(ast.NodeTransformer):
         def visit_Call(self, node):
             self.generic_visit(node)
-            if isinstance(node.func, ast.Name) and node.func.id in (LITERAL, BOTH, FORMATTED, CALLED):
+            if isinstance(node.func, ast.Name) and node.func.id in (LITERAL, BOTH, FORMATTED, CALLED, JOINED):
                 return node
             return ast.Call(func=ast.Name(id=CALLED, ctx=ast.Load()), args=[node.func, *node.args],
                             keywords=node.keywords)
@@ -93,6 +93,9 @@ class _Rewrite:
                 setattr(en, field, self.node(value, other if isinstance(other, ast.AST) else value))
         if isinstance(en, ast.Call) and isinstance(en.func, ast.Name) and en.func.id in TEXT_HELPERS:
             return ast.Call(func=ast.Name(id=CALLED, ctx=ast.Load()), args=[en.func, *en.args], keywords=en.keywords)
+        if (isinstance(en, ast.Call) and isinstance(en.func, ast.Attribute) and en.func.attr == "join"
+                and len(en.args) == 1 and not en.keywords and not isinstance(en.args[0], ast.Starred)):
+            return _call(JOINED, [en.func.value, en.args[0]])  # a str's join, or anything else's (joined calls it)
         return en
 
     def fstring(self, template: ast.JoinedStr, en: ast.JoinedStr, tr: ast.JoinedStr) -> ast.Call:

@@ -26,6 +26,7 @@ from coursekit.conventions import SOURCE_LANGUAGE, TRANSLATIONS
 from test_book import book  # noqa: F401 - the built book, for the tests that read its runs
 
 ENGLISH = '''
+import os
 def label(ms):
     """The time as shown."""
     return f"{ms:.1f} ms"
@@ -37,12 +38,16 @@ def pad_to(text, width):
 for name, ms in zip(names, [1.234, 5.6]):
     print(f"{pad_to(name, 8)} {label(ms)} max {stats['raw'][0]}", "done")
 print("  ".join(pad_to(n, 8) for n in names) + "|")
+WORDS = dict(wo="wo", ni="ni")
+def shown(sentence):
+    return " ".join(WORDS.get(w, w) for w in sentence.split())
+print(f"-> {pad_to(shown('wo ni'), 8)}|", ", ".join(["x", "y"]), os.sep.join(["a", "b"]))
 print(", ".join(names), "%d steps" % 3, "total: {}".format(label(2)))
 '''
 TRANSLATION = ENGLISH.replace('" ms"', '" 毫秒"').replace('"window", "sinks"', '"窗口", "汇点"') \
     .replace('"done"', '"完成"').replace('"%d steps"', '"%d 步"').replace('"total: {}"', '"总计：{}"') \
     .replace("The time as shown.", "显示的时间。").replace(' max {', ' 最大 {').replace("['raw']", "['原始']").replace('{"raw"', '{"原始"')
-TRANSLATION = TRANSLATION.replace('f"{ms:.1f} ms"', 'f"{ms:.1f} 毫秒"')
+TRANSLATION = TRANSLATION.replace('f"{ms:.1f} ms"', 'f"{ms:.1f} 毫秒"').replace('wo="wo", ni="ni"', 'wo="我", ni="你"')
 
 
 def run(source: str) -> str:
@@ -50,7 +55,8 @@ def run(source: str) -> str:
     K.LITERALS.clear()
     namespace = {}
     # the names install puts in a kernel's namespace
-    namespace.update(_tr_text=K.literal, _tr_both=K.both, _tr_format=K.formatted, _tr_call=K.called)
+    namespace.update(_tr_text=K.literal, _tr_both=K.both, _tr_format=K.formatted, _tr_call=K.called,
+                     _tr_join=K.joined)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(source, namespace)  # noqa: S102 - the test's own code
