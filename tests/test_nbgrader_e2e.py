@@ -28,10 +28,12 @@ def test_release_matches_the_learner_notebook(tmp_path):
     (course / "source" / "02_self_attention" / src.name).write_bytes(src.read_bytes())
     nbgrader(course, "generate_assignment", "02_self_attention")
     from coursegen.learner_view import plain_notebook
+    from coursegen.visible_test_errors import with_stop_report
     released = nbformat.read(course / "release" / "02_self_attention" / src.name, as_version=4)
     learner = nbformat.read(ROOT / "chapters" / src.name, as_version=4)
-    # nbgrader's release, its MyST made plain for Jupyter (coursegen.learner_view)
-    assert [c.source for c in plain_notebook(released).cells] == [c.source for c in learner.cells]
+    # nbgrader's release, its MyST made plain for Jupyter (coursegen.learner_view), its setup
+    # cell naming a visible test that stops on an error (coursegen.visible_test_errors)
+    assert [c.source for c in with_stop_report(plain_notebook(released)).cells] == [c.source for c in learner.cells]
 
 
 def test_grade_then_feedback_and_export_with_nbgrader(tmp_path):
