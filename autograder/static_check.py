@@ -384,7 +384,7 @@ def learner_cells(nb, release) -> list[LearnerCell]:
     keeps them: a code answer cell of the RELEASE (its first copy, whatever its type now), every
     code cell that is no course cell of the release (added, a duplicate, given code with its
     metadata changed, the unlocked imports cell); not the release's other course cells (restored
-    from it, or written answers: prose), nor given demo cells (dropped)."""
+    from it, or written answers: prose), nor given demo cells (shown as markdown, not run)."""
     course = {C.grade_id(c): c for c in release.cells if C.grade_id(c)}
     seen, cells = set(), []
     for number, cell in enumerate(nb.cells, 1):

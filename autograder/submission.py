@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 from coursekit import conventions as C
@@ -95,8 +96,9 @@ def repaired(nb, release):
     cell that was deleted, renamed or re-typed is put back from the released notebook
     (nbgrader then restores its hidden part); duplicates of a course cell lose their
     nbgrader metadata (a duplicated test cell is dropped). The chapter's given demo cells
-    are dropped: exercises never need them and grading does not run them. The learner's
-    own cells and answers are kept as they are.
+    are not run (exercises never need them): each stays, as a markdown code block, so that
+    the feedback page reads as the notebook did ("written out below:" shows what it names).
+    The learner's own cells and answers are kept as they are.
     """
     import nbformat
     released = [c for c in release.cells if C.grade_id(c)]
@@ -105,6 +107,7 @@ def repaired(nb, release):
     for cell in nb.cells:
         grade_id = C.grade_id(cell)
         if C.role(cell) == "given" and not grade_id:
+            cells.append(_shown_not_run(cell))
             continue
         course_cell = by_id.get(grade_id)
         if course_cell is None or grade_id in seen:
@@ -143,6 +146,16 @@ def repaired(nb, release):
             cell.outputs, cell.execution_count = [], None
         out.cells.append(cell)
     return out, notes
+
+
+def _shown_not_run(cell):
+    """A given code cell as a markdown code block: on the page, never run while grading."""
+    import nbformat
+    source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", source)), default=0))
+    shown = nbformat.v4.new_markdown_cell(f"{fence}python\n{source}\n{fence}")
+    shown.metadata["course"] = {"role": "given", "shown": "not run while grading"}
+    return shown
 
 
 def _copy(cell):

@@ -53,6 +53,8 @@ def test_grade_then_feedback_and_export_with_nbgrader(tmp_path):
     nbgrader(course, "generate_feedback", "02_self_attention", "--force")
     html = (course / "feedback" / "ada" / "02_self_attention" / "02_self_attention.html").read_text()
     assert "above the diagonal" in html
+    # the chapter's given demo code, not run while grading, is on the page where the notebook had it
+    assert "draw_self_attention_diagram" in html and "pad_to" in html
     for secret in ("BEGIN HIDDEN TESTS", "attn_probe", "ones(n, n, dtype=torch.bool).tril()"):
         assert secret not in html
 
