@@ -57,7 +57,7 @@ import torch.nn.functional as F
 # Because it accepts any leading dimensions, it will run all heads at once when the
 # heads are one of those dimensions.
 
-# %% [export]
+# %% [export name=given_attention]
 def scaled_dot_product_attention(query, key, value, mask=None):
     """Given (Chapter 2): softmax(query @ key^T / sqrt(d_k)) @ value.
 

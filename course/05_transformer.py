@@ -94,22 +94,9 @@ torch.set_num_threads(1)
 #   $PE_{pos, 2i} = \sin(pos / 10000^{2i/d_\text{model}})$,
 #   $PE_{pos, 2i+1} = \cos(pos / 10000^{2i/d_\text{model}})$.
 
+# %% [include 03_multi_head_attention:given_attention]
+
 # %% [export]
-def scaled_dot_product_attention(query, key, value, mask=None):
-    """Given (Chapter 2): softmax(query @ key^T / sqrt(d_k)) @ value.
-
-    query (..., N_q, d_k), key (..., N_k, d_k), value (..., N_k, d_v); mask: bool,
-    broadcastable to (..., N_q, N_k), True = may attend.
-    Returns (output (..., N_q, d_v), weights (..., N_q, N_k)).
-    """
-    d_k = query.size(-1)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., N_q, N_k)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)                   # (..., N_q, N_k)
-    return weights @ value, weights                           # (..., N_q, d_v)
-
-
 class MultiHeadAttention(nn.Module):
     """Given (Chapter 3): multi-head attention; head i uses features i*d_k:(i+1)*d_k."""
 

@@ -17,6 +17,7 @@ from .conventions import (COURSE_DIR, HIDDEN_BEGIN, SOLUTION_BEGIN, SOLUTION_END
 
 _HEADER = re.compile(r"^# %%(?:\s+\[(?P<body>[^\]]*)\])?\s*$")
 KINDS = {"markdown", "code", "export", "exercise", "test", "written", "hidden", "include"}
+INCLUDABLE = ("code", "export", "markdown")  # the kinds a cell named with name=NAME may have
 INCLUDED_NOTE = "# {title}'s code, unchanged (copied from {chapter} when the course is generated)"
 
 
@@ -28,7 +29,7 @@ class SourceError(ValueError):
 class Cell:
     kind: str
     source: str
-    name: str | None = None  # grade_id for exercise and test cells; optional for code cells (see include)
+    name: str | None = None  # grade_id for exercise and test cells; optional for given cells (see include)
     points: float | None = None
     tags: tuple[str, ...] = ()
     line: int = 0
@@ -67,7 +68,7 @@ def _parse_header(body: str | None, line: int) -> Cell:
         cell.name = words.pop(0)
     for word in words:
         key, _, value = word.partition("=")
-        if key == "name" and kind in ("code", "export"):
+        if key == "name" and kind in INCLUDABLE:
             cell.name = value
         elif key == "points" and kind in ("test", "written"):
             cell.points = float(value)
@@ -122,10 +123,14 @@ def parse_chapter(path: Path) -> Chapter:
 
 
 def _resolve(cell: Cell, path: Path) -> Cell:
-    """``# %% [include 01_bahdanau_attention:date_task]``: another chapter's named code cell.
+    """``# %% [include 01_bahdanau_attention:date_task]``: another chapter's named cell.
 
-    One source for code two chapters show (d2l keeps one library; our notebooks must each
-    run on their own, so the cell is copied into the notebook, and drift is checked).
+    One source for what two chapters show (d2l keeps one library; our notebooks must each
+    run on their own, so the cell is copied into the notebook, and drift is checked). The
+    copy keeps the named cell's kind: given code stays given code, an export is exported
+    again (into this chapter's reference module), markdown stays markdown. Code carries a
+    note saying where it comes from; markdown is copied as it is (a comment line there would
+    be a heading).
     """
     if cell.kind != "include":
         return cell
@@ -133,12 +138,15 @@ def _resolve(cell: Cell, path: Path) -> Cell:
     other, _, name = cell.name.partition(":")
     if cell.source or not name or other not in chapter_names():
         raise SourceError(f"{where}: write an include as '# %% [include NN_chapter:cell_name]', with no body")
-    found = [c for c in parse_chapter(COURSE_DIR / f"{other}.py").cells if c.kind == "code" and c.name == name]
+    found = [c for c in parse_chapter(COURSE_DIR / f"{other}.py").cells if c.kind in INCLUDABLE and c.name == name]
     if not found:
-        raise SourceError(f"{where}: {other} has no code cell named {name}")
-    title = f"Chapter {int(other[:2])}"
-    note = INCLUDED_NOTE.format(title=title, chapter=f"course/{other}.py")
-    return dataclasses.replace(cell, kind="code", name=None, source=note + "\n" + found[0].source)
+        raise SourceError(f"{where}: {other} has no cell named {name} (name it with '[{' or '.join(INCLUDABLE)} "
+                          f"name={name}]')")
+    source = found[0].source
+    if found[0].kind != "markdown":
+        title = f"Chapter {int(other[:2])}"
+        source = INCLUDED_NOTE.format(title=title, chapter=f"course/{other}.py") + "\n" + source
+    return dataclasses.replace(cell, kind=found[0].kind, name=None, source=source)
 
 
 def _validate(chapter: Chapter) -> None:
