@@ -16,43 +16,55 @@ from autograder.hidden import HiddenTests, Mistake, close
 hidden = HiddenTests(ref, from_scratch={"ModernAttention", "MultiHeadLatentAttention"})
 
 
-def _rms(m, x, how="ok"):
-    if how == "no_eps":
-        return m.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True))
-    if how == "eps_outside":
-        return m.weight * x / (torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + m.eps)
-    if how == "centred":
-        c = x - x.mean(-1, keepdim=True)
-        return m.weight * c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + m.eps)
-    if how.startswith("axis"):                              # the mean over another dimension than the last
-        return m.weight * x / torch.sqrt(x.pow(2).mean(int(how[4:]), keepdim=True) + m.eps)
-    if how == "all_axes":
-        return m.weight * x / torch.sqrt(x.pow(2).mean() + m.eps)
-    if how == "no_sqrt":
-        return m.weight * x / (x.pow(2).mean(-1, keepdim=True) + m.eps)
-    if how == "no_weight":
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
-    if how == "sum":
-        return m.weight * x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + m.eps)
-    raise ValueError(how)
+# The reference: m.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps). Each mistake
+# below is that line with one thing changed.
+def _rms_without_eps(m, x):
+    return m.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True))
+
+
+def _rms_eps_outside_the_root(m, x):
+    return m.weight * x / (torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + m.eps)
+
+
+def _rms_centred(m, x):
+    c = x - x.mean(-1, keepdim=True)
+    return m.weight * c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + m.eps)
+
+
+def _rms_mean_over(dim):
+    """The mean of x**2 over dimension ``dim`` instead of the last."""
+    return lambda m, x: m.weight * x / torch.sqrt(x.pow(2).mean(dim, keepdim=True) + m.eps)
+
+
+def _rms_mean_over_everything(m, x):
+    return m.weight * x / torch.sqrt(x.pow(2).mean() + m.eps)
+
+
+def _rms_without_root(m, x):
+    return m.weight * x / (x.pow(2).mean(-1, keepdim=True) + m.eps)
+
+
+def _rms_without_weight(m, x):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
+
+
+def _rms_sum_of_squares(m, x):
+    return m.weight * x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + m.eps)
 
 
 RMS_MISTAKES = [
-    Mistake("eps left out: divide by sqrt(mean(x**2) + eps)", lambda m, x: _rms(m, x, "no_eps")),
-    Mistake("eps added outside the square root: divide by sqrt(mean(x**2) + eps)",
-            lambda m, x: _rms(m, x, "eps_outside")),
+    Mistake("eps left out: divide by sqrt(mean(x**2) + eps)", _rms_without_eps),
+    Mistake("eps added outside the square root: divide by sqrt(mean(x**2) + eps)", _rms_eps_outside_the_root),
     Mistake("the mean was subtracted (LayerNorm): RMSNorm does not centre, it divides x itself by its root mean "
-            "square", lambda m, x: _rms(m, x, "centred")),
+            "square", _rms_centred),
     *[Mistake("the mean of x**2 was taken over the wrong axis: one value per vector, over the LAST dimension",
-              lambda m, x, dim=dim: _rms(m, x, f"axis{dim}")) for dim in (0, 1, -2)],
+              _rms_mean_over(dim)) for dim in (0, 1, -2)],
     Mistake("the mean of x**2 was taken over the whole tensor: one value per vector, over the last dimension "
-            "(mean(dim=-1, keepdim=True))", lambda m, x: _rms(m, x, "all_axes")),
+            "(mean(dim=-1, keepdim=True))", _rms_mean_over_everything),
     Mistake("the square root is missing: divide by sqrt(mean(x**2) + eps), not by the mean square",
-            lambda m, x: _rms(m, x, "no_sqrt")),
-    Mistake("self.weight is not applied: multiply the normalised x by self.weight",
-            lambda m, x: _rms(m, x, "no_weight")),
-    Mistake("the sum of x**2 instead of its mean: divide by the ROOT MEAN square",
-            lambda m, x: _rms(m, x, "sum")),
+            _rms_without_root),
+    Mistake("self.weight is not applied: multiply the normalised x by self.weight", _rms_without_weight),
+    Mistake("the sum of x**2 instead of its mean: divide by the ROOT MEAN square", _rms_sum_of_squares),
 ]
 RMS = dict(mistakes=RMS_MISTAKES)
 
@@ -68,38 +80,74 @@ def _(t):
     t.module("RMSNorm", dict(dim=6), t.randn(3, 6), grad=True, label="gradients", **RMS)
 
 
-def _rope(x, positions, base=10000.0, how="ok"):
+# The reference in three steps (frequencies, angles, the rotation of the two halves); each
+# mistake below changes one of them.
+def _frequencies(d, base):
+    """theta_i = base ** (-2i / d), i = 0 .. d/2 - 1, in float64."""
+    return base ** (-(torch.arange(0, d, 2, dtype=torch.float64) / d))
+
+
+def _cos_sin(x, positions, theta):
+    angles = positions.to(torch.float64)[:, None] * theta
+    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+def _halves(x):
     d = x.shape[-1]
-    expo = torch.arange(0, d, 2, dtype=torch.float64) / d if how != "i_over_d" else \
-        torch.arange(0, d // 2, dtype=torch.float64) / d
-    theta = (10000.0 if how == "base_ignored" else base) ** (-expo)
-    pos = torch.arange(x.shape[-2]) if how == "positions_ignored" else positions
-    angles = pos.to(torch.float64)[:, None] * theta
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    if how == "interleaved":
-        a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-    a, b = x[..., :d // 2], x[..., d // 2:]
-    if how == "clockwise":
-        return torch.cat([a * cos + b * sin, -a * sin + b * cos], dim=-1)
-    if how == "halves_swapped":
-        return torch.cat([a * sin + b * cos, a * cos - b * sin], dim=-1)
+    return x[..., :d // 2], x[..., d // 2:]
+
+
+def _rotated(x, cos, sin):
+    """Feature i and feature i + d/2 rotated counter-clockwise by their angle."""
+    a, b = _halves(x)
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def _rope(x, positions, base=10000.0):
+    return _rotated(x, *_cos_sin(x, positions, _frequencies(x.shape[-1], base)))
+
+
+def _rope_interleaved(x, positions, base=10000.0):
+    cos, sin = _cos_sin(x, positions, _frequencies(x.shape[-1], base))
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+def _rope_positions_ignored(x, positions, base=10000.0):
+    return _rope(x, torch.arange(x.shape[-2]), base)
+
+
+def _rope_clockwise(x, positions, base=10000.0):
+    cos, sin = _cos_sin(x, positions, _frequencies(x.shape[-1], base))
+    a, b = _halves(x)
+    return torch.cat([a * cos + b * sin, -a * sin + b * cos], dim=-1)
+
+
+def _rope_halves_swapped(x, positions, base=10000.0):
+    cos, sin = _cos_sin(x, positions, _frequencies(x.shape[-1], base))
+    a, b = _halves(x)
+    return torch.cat([a * sin + b * cos, a * cos - b * sin], dim=-1)
+
+
+def _rope_base_ignored(x, positions, base=10000.0):
+    return _rope(x, positions, 10000.0)
+
+
+def _rope_i_over_d(x, positions, base=10000.0):
+    d = x.shape[-1]
+    return _rotated(x, *_cos_sin(x, positions, base ** (-(torch.arange(0, d // 2, dtype=torch.float64) / d))))
 
 
 ROPE_MISTAKES = [
     Mistake("neighbouring pairs (2i, 2i+1) rotated (Chapter 4's interleaved layout): here feature i pairs with "
-            "feature i + d/2", lambda x, positions, base=10000.0: _rope(x, positions, base, "interleaved")),
-    Mistake("the positions argument is ignored: row n is rotated by positions[n], not by n",
-            lambda x, positions, base=10000.0: _rope(x, positions, base, "positions_ignored")),
+            "feature i + d/2", _rope_interleaved),
+    Mistake("the positions argument is ignored: row n is rotated by positions[n], not by n", _rope_positions_ignored),
     Mistake("rotated clockwise (the sign of sin flipped): out_i = a cos - b sin, out_(i+d/2) = a sin + b cos",
-            lambda x, positions, base=10000.0: _rope(x, positions, base, "clockwise")),
+            _rope_clockwise),
     Mistake("the two rotated halves were concatenated in the wrong order: first a cos - b sin, then a sin + b cos",
-            lambda x, positions, base=10000.0: _rope(x, positions, base, "halves_swapped")),
-    Mistake("the base argument is ignored: theta_i = base ** (-2i / d)",
-            lambda x, positions, base=10000.0: _rope(x, positions, base, "base_ignored")),
-    Mistake("frequencies base ** (-i / d) instead of base ** (-2i / d)",
-            lambda x, positions, base=10000.0: _rope(x, positions, base, "i_over_d")),
+            _rope_halves_swapped),
+    Mistake("the base argument is ignored: theta_i = base ** (-2i / d)", _rope_base_ignored),
+    Mistake("frequencies base ** (-i / d) instead of base ** (-2i / d)", _rope_i_over_d),
 ]
 
 
@@ -117,74 +165,139 @@ def _(t):
                label="gradients")
 
 
-def _attn(m, x, past=None, qk_norm="before", heads="group", scale="head", offset=True, store="rotated",
-          cache_order="past_first", mask_offset=0, cache_mask=True):
+# The reference forward in named steps; `_attention` takes each step as a keyword, and each
+# mistake below is one step written wrong (`_attention_with(step=the wrong one)`).
+def _norm_then_rotate(m, q, k, rotate):
+    """QK-norm on each head, then the rotation: (queries, keys, the keys the cache keeps)."""
+    q, k = m.q_norm(q), m.k_norm(k)
+    k_r = rotate(k)
+    return rotate(q), k_r, k_r
+
+
+def _positions_after_past(P, N):
+    return torch.arange(P, P + N)
+
+
+def _past_first(past, new, dim):
+    return torch.cat([past, new], dim)
+
+
+def _grouped_heads(kv, group):
+    """Query head i reads key/value head i // group."""
+    return kv.repeat_interleave(group, 1)
+
+
+def _head_scale(m, x):
+    return math.sqrt(m.head_dim)
+
+
+def _causal_after_past(N, T):
+    """The diagonal of tril on the (N, T) grid: the query at position T - N + n sees keys 0 .. T - N + n."""
+    return T - N
+
+
+def _attention(m, x, past=None, qk=_norm_then_rotate, positions=_positions_after_past, join=_past_first,
+               heads=_grouped_heads, scale=_head_scale, diagonal=_causal_after_past):
     B, N, _ = x.shape
     h, h_kv, d = m.num_heads, m.num_kv_heads, m.head_dim
     q = m.q_proj(x).view(B, N, h, d).transpose(1, 2)
     k = m.k_proj(x).view(B, N, h_kv, d).transpose(1, 2)
     v = m.v_proj(x).view(B, N, h_kv, d).transpose(1, 2)
-    P = 0 if past is None else past[0].size(2)
-    pos = torch.arange(P, P + N) if offset else torch.arange(N)
-    if qk_norm == "before":
-        q, k = m.q_norm(q), m.k_norm(k)
-        q_r, k_r = ref.apply_rope_halves(q, pos, m.rope_base), ref.apply_rope_halves(k, pos, m.rope_base)
-    elif qk_norm == "after":
-        q_r = m.q_norm(ref.apply_rope_halves(q, pos, m.rope_base))
-        k_r = m.k_norm(ref.apply_rope_halves(k, pos, m.rope_base))
-    elif qk_norm == "swapped":
-        q_r = ref.apply_rope_halves(m.k_norm(q), pos, m.rope_base)
-        k_r = ref.apply_rope_halves(m.q_norm(k), pos, m.rope_base)
-    else:
-        q_r, k_r = ref.apply_rope_halves(q, pos, m.rope_base), ref.apply_rope_halves(k, pos, m.rope_base)
-    k_cached = k_r if store == "rotated" else k
-    if past is not None:
-        if cache_order == "past_first":
-            k_all, v_all = torch.cat([past[0], k_r], 2), torch.cat([past[1], v], 2)
-            k_store = torch.cat([past[0], k_cached], 2)
-        else:
-            k_all, v_all = torch.cat([k_r, past[0]], 2), torch.cat([v, past[1]], 2)
-            k_store = torch.cat([k_cached, past[0]], 2)
-    else:
+    pos = positions(0 if past is None else past[0].size(2), N)
+    q_r, k_r, k_cached = qk(m, q, k, lambda z: ref.apply_rope_halves(z, pos, m.rope_base))
+    if past is None:
         k_all, v_all, k_store = k_r, v, k_cached
-    g = h // h_kv
-    if heads == "group":
-        k_rep, v_rep = k_all.repeat_interleave(g, 1), v_all.repeat_interleave(g, 1)
-    else:                                                   # query head i reads key head i % h_kv
-        k_rep, v_rep = k_all.repeat(1, g, 1, 1), v_all.repeat(1, g, 1, 1)
-    s = q_r @ k_rep.transpose(-2, -1)
-    s = s / {"head": math.sqrt(d), "model": math.sqrt(x.size(-1)), "none": 1.0, "qdim": math.sqrt(h * d)}[scale]
+    else:
+        k_all, v_all, k_store = join(past[0], k_r, 2), join(past[1], v, 2), join(past[0], k_cached, 2)
+    s = q_r @ heads(k_all, h // h_kv).transpose(-2, -1) / scale(m, x)
     T = k_all.size(2)
-    diagonal = (T - N if cache_mask else 0) + mask_offset
-    s = s.masked_fill(~torch.ones(N, T, dtype=torch.bool).tril(diagonal=diagonal), float("-inf"))
-    y = (s.softmax(-1) @ v_rep).transpose(1, 2).reshape(B, N, h * d)
+    s = s.masked_fill(~torch.ones(N, T, dtype=torch.bool).tril(diagonal=diagonal(N, T)), float("-inf"))
+    y = (s.softmax(-1) @ heads(v_all, h // h_kv)).transpose(1, 2).reshape(B, N, h * d)
     return m.o_proj(y), (k_store, v_all)
 
 
-def _attn_with(**change):
-    return lambda m, x, past=None: _attn(m, x, past, **change)
+def _attention_with(**wrong_step):
+    return lambda m, x, past=None: _attention(m, x, past, **wrong_step)
 
 
+def _no_qk_norm(m, q, k, rotate):
+    k_r = rotate(k)
+    return rotate(q), k_r, k_r
+
+
+def _norm_after_rotation(m, q, k, rotate):
+    k_r = m.k_norm(rotate(k))
+    return m.q_norm(rotate(q)), k_r, k_r
+
+
+def _norms_swapped(m, q, k, rotate):
+    k_r = rotate(m.q_norm(k))
+    return rotate(m.k_norm(q)), k_r, k_r
+
+
+def _cached_before_rotation(m, q, k, rotate):
+    q, k = m.q_norm(q), m.k_norm(k)
+    return rotate(q), rotate(k), k
+
+
+def _positions_from_zero(P, N):
+    return torch.arange(N)
+
+
+def _new_first(past, new, dim):
+    return torch.cat([new, past], dim)
+
+
+def _cycled_heads(kv, group):
+    """Query head i reads key/value head i % num_kv_heads."""
+    return kv.repeat(1, group, 1, 1)
+
+
+def _model_scale(m, x):
+    return math.sqrt(x.size(-1))
+
+
+def _query_width_scale(m, x):
+    return math.sqrt(m.num_heads * m.head_dim)
+
+
+def _no_scale(m, x):
+    return 1.0
+
+
+def _causal_off_by(offset):
+    return lambda N, T: T - N + offset
+
+
+def _causal_ignoring_past(N, T):
+    return 0
+
+
+# The cache's mistakes: judged on the layer's output and cache, and on two calls against one (STEPS_MISTAKES).
+CACHE_MISTAKES = [
+    Mistake("positions restart at 0 with a cache: the new tokens are rotated at positions P .. P+N-1, "
+            "P = past[0].size(2)", _attention_with(positions=_positions_from_zero)),
+    Mistake("the cached keys were stored before the rotation: present holds the keys after normalisation AND "
+            "rotation", _attention_with(qk=_cached_before_rotation)),
+    Mistake("cache concatenated in the wrong order: the past FOLLOWED by the new keys and values",
+            _attention_with(join=_new_first)),
+]
 ATTN_MISTAKES = [
     Mistake("QK-norm skipped: normalise each query head with q_norm and each key head with k_norm",
-            _attn_with(qk_norm="none")),
+            _attention_with(qk=_no_qk_norm)),
     Mistake("QK-norm applied after the rotation: Qwen3 normalises each head first, then rotates it",
-            _attn_with(qk_norm="after")),
+            _attention_with(qk=_norm_after_rotation)),
     Mistake("q_norm and k_norm swapped: q_norm is for the queries, k_norm for the keys",
-            _attn_with(qk_norm="swapped")),
+            _attention_with(qk=_norms_swapped)),
     Mistake("query head i read key/value head i % num_kv_heads: it reads head i // (num_heads // num_kv_heads) "
-            "(repeat_interleave, not repeat)", _attn_with(heads="modulo")),
-    Mistake("scores scaled by 1/sqrt(d_model): scale by 1/sqrt(head_dim)", _attn_with(scale="model")),
-    Mistake("scores scaled by 1/sqrt(num_heads * head_dim): scale by 1/sqrt(head_dim)", _attn_with(scale="qdim")),
-    Mistake("scores not scaled by 1/sqrt(head_dim)", _attn_with(scale="none")),
-    Mistake("positions restart at 0 with a cache: the new tokens are rotated at positions P .. P+N-1, "
-            "P = past[0].size(2)", _attn_with(offset=False)),
-    Mistake("the cached keys were stored before the rotation: present holds the keys after normalisation AND "
-            "rotation", _attn_with(store="raw")),
-    Mistake("cache concatenated in the wrong order: the past FOLLOWED by the new keys and values",
-            _attn_with(cache_order="new_first")),
+            "(repeat_interleave, not repeat)", _attention_with(heads=_cycled_heads)),
+    Mistake("scores scaled by 1/sqrt(d_model): scale by 1/sqrt(head_dim)", _attention_with(scale=_model_scale)),
+    Mistake("scores scaled by 1/sqrt(num_heads * head_dim): scale by 1/sqrt(head_dim)",
+            _attention_with(scale=_query_width_scale)),
+    Mistake("scores not scaled by 1/sqrt(head_dim)", _attention_with(scale=_no_scale)),
+    *CACHE_MISTAKES,
     *[Mistake("the causal mask is off by one: the query at position p attends to keys 0 .. p, itself included",
-              _attn_with(mask_offset=o)) for o in (-1, 1)],
+              _attention_with(diagonal=_causal_off_by(o))) for o in (-1, 1)],
 ]
 ATTN = dict(mistakes=ATTN_MISTAKES, deps=("RMSNorm", "apply_rope_halves"), returns=("y", "present"))
 
@@ -210,13 +323,13 @@ def _state(t, name, init, dtype=torch.float32):
     return {n: t.randn(*p.shape, dtype=dtype) * 0.5 for n, p in getattr(ref, name)(**init).named_parameters()}
 
 
-def _steps_with(**change):
-    """attention_steps_gap for the reference layer with a mistake: (present, gap) as the helper returns them."""
+def _steps_with(layer):
+    """attention_steps_gap for a mistake model of the layer: (present, gap) as the helper returns them."""
     def compute(init, state, x, split):
         m = ref.built_with(ref.ModernAttention, init, state, x.dtype)
-        y_all, _ = _attn(m, x, **change)
-        y_first, past = _attn(m, x[:, :split], **change)
-        y_rest, present = _attn(m, x[:, split:], past, **change)
+        y_all, _ = layer(m, x)
+        y_first, past = layer(m, x[:, :split])
+        y_rest, present = layer(m, x[:, split:], past)
         return present, ref.relative_gap(torch.cat([y_first, y_rest], dim=1), y_all)
     return compute
 
@@ -231,14 +344,10 @@ def _steps_hint(probe, value):
 
 
 STEPS_MISTAKES = [
-    Mistake("positions restart at 0 with a cache: the new tokens are rotated at positions P .. P+N-1, "
-            "P = past[0].size(2)", _steps_with(offset=False)),
-    Mistake("the cached keys were stored before the rotation: present holds the keys after normalisation AND "
-            "rotation", _steps_with(store="raw")),
-    Mistake("cache concatenated in the wrong order: the past FOLLOWED by the new keys and values",
-            _steps_with(cache_order="new_first")),
+    *[Mistake(mistake.message, _steps_with(mistake.compute)) for mistake in CACHE_MISTAKES],
     Mistake("the causal mask ignores the cache: on the (N, P+N) grid of a call with a cache, the query at "
-            "position P+n sees keys 0 .. P+n (tril(diagonal=P))", _steps_with(cache_mask=False)),
+            "position P+n sees keys 0 .. P+n (tril(diagonal=P))",
+            _steps_with(_attention_with(diagonal=_causal_ignoring_past))),
 ]
 
 
@@ -282,37 +391,32 @@ def _(t):
           label="3 tokens, then 3 with the cache, float64")
 
 
-def _swiglu(m, x, how="ok"):
-    g, u = m.gate_proj(x), m.up_proj(x)
-    if how == "swapped":
-        return m.down_proj(F.silu(u) * g)
-    if how == "gelu":
-        return m.down_proj(F.gelu(g) * u)
-    if how == "gelu_tanh":
-        return m.down_proj(F.gelu(g, approximate="tanh") * u)
-    if how == "sigmoid":
-        return m.down_proj(torch.sigmoid(g) * u)
-    if how == "relu":
-        return m.down_proj(F.relu(g) * u)
-    if how == "no_gate":
-        return m.down_proj(F.silu(g))
-    if how == "both":
-        return m.down_proj(F.silu(g) * F.silu(u))
-    raise ValueError(how)
+# The reference: m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x)); each mistake changes one thing.
+def _swiglu_swapped(m, x):
+    return m.down_proj(F.silu(m.up_proj(x)) * m.gate_proj(x))
+
+
+def _gated_by(activation):
+    """The gate through ``activation`` instead of SiLU."""
+    return lambda m, x: m.down_proj(activation(m.gate_proj(x)) * m.up_proj(x))
+
+
+def _swiglu_without_up(m, x):
+    return m.down_proj(F.silu(m.gate_proj(x)))
+
+
+def _swiglu_silu_on_both(m, x):
+    return m.down_proj(F.silu(m.gate_proj(x)) * F.silu(m.up_proj(x)))
 
 
 SWIGLU_MISTAKES = [
-    Mistake("gate and up swapped: the SiLU goes on gate_proj(x), which multiplies up_proj(x)",
-            lambda m, x: _swiglu(m, x, "swapped")),
-    *[Mistake("GELU instead of SiLU: SwiGLU's gate is silu(z) = z * sigmoid(z)",
-              lambda m, x, how=how: _swiglu(m, x, how)) for how in ("gelu", "gelu_tanh")],
-    Mistake("sigmoid instead of SiLU (that is GLU): the gate is silu(z) = z * sigmoid(z)",
-            lambda m, x: _swiglu(m, x, "sigmoid")),
-    Mistake("ReLU instead of SiLU (that is ReGLU): the gate is silu(z) = z * sigmoid(z)",
-            lambda m, x: _swiglu(m, x, "relu")),
-    Mistake("up_proj is not used: multiply silu(gate_proj(x)) by up_proj(x)", lambda m, x: _swiglu(m, x, "no_gate")),
-    Mistake("SiLU applied to both projections: only gate_proj(x) goes through the SiLU",
-            lambda m, x: _swiglu(m, x, "both")),
+    Mistake("gate and up swapped: the SiLU goes on gate_proj(x), which multiplies up_proj(x)", _swiglu_swapped),
+    *[Mistake("GELU instead of SiLU: SwiGLU's gate is silu(z) = z * sigmoid(z)", _gated_by(gelu))
+      for gelu in (F.gelu, lambda z: F.gelu(z, approximate="tanh"))],
+    Mistake("sigmoid instead of SiLU (that is GLU): the gate is silu(z) = z * sigmoid(z)", _gated_by(torch.sigmoid)),
+    Mistake("ReLU instead of SiLU (that is ReGLU): the gate is silu(z) = z * sigmoid(z)", _gated_by(F.relu)),
+    Mistake("up_proj is not used: multiply silu(gate_proj(x)) by up_proj(x)", _swiglu_without_up),
+    Mistake("SiLU applied to both projections: only gate_proj(x) goes through the SiLU", _swiglu_silu_on_both),
 ]
 
 
@@ -325,70 +429,114 @@ def _(t):
     t.module("SwiGLU", dict(d_model=6, d_ff=8), t.randn(2, 6), grad=True, mistakes=SWIGLU_MISTAKES, label="gradients")
 
 
-def _mla(m, x, past=None, absorb=False, store="latent", rope_on="rope_part", scale="qk", offset=True,
-         rope_slice="last", cache_order="past_first"):
+# The reference forward in named steps, as for ModernAttention above: `_latent_attention`
+# takes each step as a keyword, and each mistake is one step written wrong.
+def _rope_part_last(q, nope_dim, rope_dim):
+    """(content part, rotary part) of each query head: the first nope_dim features, then rope_dim."""
+    return q[..., :nope_dim], q[..., nope_dim:]
+
+
+def _unrotated(m, z, rotate):
+    """The latent and the content parts carry no position."""
+    return z
+
+
+def _content_unrotated(m, q_nope, k_nope, rotate):
+    return q_nope, k_nope
+
+
+def _qk_scale(m):
+    return math.sqrt(m.nope_dim + m.rope_dim)
+
+
+def _latent_cache(past, c, k_rope, k_nope, v):
+    return c, k_rope
+
+
+def _latent_attention(m, x, past=None, absorb=False, positions=_positions_after_past, split=_rope_part_last,
+                      latent=_unrotated, content=_content_unrotated, join=_past_first, scale=_qk_scale,
+                      cache=_latent_cache):
     B, N, _ = x.shape
-    h, r, dn, dr, dv = m.num_heads, m.kv_rank, m.nope_dim, m.rope_dim, m.v_dim
-    if past is not None and store == "full":
-        raise ValueError("a full-key cache cannot read a latent past")
-    P = 0 if past is None else past[0].size(1)
-    pos = torch.arange(P, P + N) if offset else torch.arange(N)
+    h, dn, dr, dv = m.num_heads, m.nope_dim, m.rope_dim, m.v_dim
+    pos = positions(0 if past is None else past[0].size(1), N)
     rot = lambda z: ref.apply_rope_halves(z, pos, m.rope_base)   # noqa: E731
-    q = m.q_proj(x).view(B, N, h, dn + dr).transpose(1, 2)
-    if rope_slice == "last":
-        q_nope, q_rope = q[..., :dn], q[..., dn:]
-    else:                                                   # the first rope_dim features rotated
-        q_rope, q_nope = q[..., :dr], q[..., dr:]
-    c_new = m.kv_norm(m.kv_down(x))
+    q_nope, q_rope = split(m.q_proj(x).view(B, N, h, dn + dr).transpose(1, 2), dn, dr)
+    c_new = latent(m, m.kv_norm(m.kv_down(x)), rot)
     kr_new = rot(m.k_rope_proj(x))
-    if rope_on == "latent":
-        c_new = rot(c_new)
-    if past is not None:
-        if cache_order == "past_first":
-            c, kr = torch.cat([past[0], c_new], 1), torch.cat([past[1], kr_new], 1)
-        else:
-            c, kr = torch.cat([c_new, past[0]], 1), torch.cat([kr_new, past[1]], 1)
-    else:
-        c, kr = c_new, kr_new
+    c, kr = (c_new, kr_new) if past is None else (join(past[0], c_new, 1), join(past[1], kr_new, 1))
     T = c.size(1)
-    k_nope = m.k_up(c).view(B, T, h, dn).transpose(1, 2)
-    if rope_on == "all":                                    # rotary positions on the up-projected keys too
-        k_nope = ref.apply_rope_halves(k_nope, torch.arange(T), m.rope_base)
-        q_nope = rot(q_nope)
-    q_rope = rot(q_rope)
-    s = q_nope @ k_nope.transpose(-2, -1) + q_rope @ kr[:, None].transpose(-2, -1)
-    s = s / {"qk": math.sqrt(dn + dr), "nope": math.sqrt(dn), "v": math.sqrt(dv), "rank": math.sqrt(r),
-             "none": 1.0}[scale]
+    q_nope, k_nope = content(m, q_nope, m.k_up(c).view(B, T, h, dn).transpose(1, 2), rot)
+    s = q_nope @ k_nope.transpose(-2, -1) + rot(q_rope) @ kr[:, None].transpose(-2, -1)
+    s = s / scale(m)
     s = s.masked_fill(~torch.ones(N, T, dtype=torch.bool).tril(diagonal=T - N), float("-inf"))
     v = m.v_up(c).view(B, T, h, dv).transpose(1, 2)
     y = m.o_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, N, h * dv))
-    if store == "full":
-        return y, (k_nope, v)
-    if store == "full_keys":
-        return y, (torch.cat([k_nope, kr[:, None].expand(B, h, T, dr)], -1), v)
-    return y, (c, kr)
+    return y, cache(past, c, kr, k_nope, v)
 
 
-def _mla_with(**change):
-    return lambda m, x, past=None, absorb=False: _mla(m, x, past, absorb, **change)
+def _latent_attention_with(**wrong_step):
+    return lambda m, x, past=None, absorb=False: _latent_attention(m, x, past, absorb, **wrong_step)
+
+
+def _full_cache(past, c, k_rope, k_nope, v):
+    if past is not None:
+        raise ValueError("a full-key cache cannot read a latent past")
+    return k_nope, v
+
+
+def _full_keys_cache(past, c, k_rope, k_nope, v):
+    B, h, T, _ = k_nope.shape
+    return torch.cat([k_nope, k_rope[:, None].expand(B, h, T, k_rope.size(-1))], -1), v
+
+
+def _rotated_latent(m, z, rotate):
+    return rotate(z)
+
+
+def _content_rotated(m, q_nope, k_nope, rotate):
+    """Rotary positions on the content parts too (the keys at 0 .. T-1, the new queries at theirs)."""
+    return rotate(q_nope), ref.apply_rope_halves(k_nope, torch.arange(k_nope.size(2)), m.rope_base)
+
+
+def _rope_part_first(q, nope_dim, rope_dim):
+    return q[..., rope_dim:], q[..., :rope_dim]
+
+
+def _nope_scale(m):
+    return math.sqrt(m.nope_dim)
+
+
+def _v_scale(m):
+    return math.sqrt(m.v_dim)
+
+
+def _rank_scale(m):
+    return math.sqrt(m.kv_rank)
+
+
+def _no_latent_scale(m):
+    return 1.0
 
 
 MLA_MISTAKES = [
     *[Mistake("the cache holds the up-projected keys and values: MLA caches only the latent c = kv_norm(kv_down(x)) "
-              "(B, T, kv_rank) and the shared rotary key (B, T, rope_dim)", _mla_with(store=s))
-      for s in ("full", "full_keys")],
+              "(B, T, kv_rank) and the shared rotary key (B, T, rope_dim)", _latent_attention_with(cache=full))
+      for full in (_full_cache, _full_keys_cache)],
     Mistake("rotary positions applied to the compressed part: rotate only the last rope_dim features of each "
-            "query head and k_rope; the latent and the up-projected keys carry no position", _mla_with(rope_on="latent")),
+            "query head and k_rope; the latent and the up-projected keys carry no position",
+            _latent_attention_with(latent=_rotated_latent)),
     Mistake("rotary positions applied to the compressed part: rotate only the last rope_dim features of each "
-            "query head and k_rope; the latent and the up-projected keys carry no position", _mla_with(rope_on="all")),
+            "query head and k_rope; the latent and the up-projected keys carry no position",
+            _latent_attention_with(content=_content_rotated)),
     Mistake("the FIRST rope_dim features of each query head were rotated: the first nope_dim features are the "
-            "content part, the last rope_dim the rotary part", _mla_with(rope_slice="first")),
+            "content part, the last rope_dim the rotary part", _latent_attention_with(split=_rope_part_first)),
     *[Mistake("wrong scale: the scores of head i are q_i . k_i over nope_dim + rope_dim features, so scale by "
-              "1/sqrt(nope_dim + rope_dim)", _mla_with(scale=s)) for s in ("nope", "v", "rank", "none")],
+              "1/sqrt(nope_dim + rope_dim)", _latent_attention_with(scale=wrong))
+      for wrong in (_nope_scale, _v_scale, _rank_scale, _no_latent_scale)],
     Mistake("positions restart at 0 with a cache: rotate the new queries and keys at positions P .. P+N-1, "
-            "P = past[0].size(1)", _mla_with(offset=False)),
+            "P = past[0].size(1)", _latent_attention_with(positions=_positions_from_zero)),
     Mistake("cache concatenated in the wrong order: the past FOLLOWED by the new entries, along dim 1",
-            _mla_with(cache_order="new_first")),
+            _latent_attention_with(join=_new_first)),
 ]
 MLA = dict(mistakes=MLA_MISTAKES, deps=("RMSNorm", "apply_rope_halves"), returns=("y", "present"))
 SMALL_MLA = dict(d_model=16, num_heads=4, kv_rank=6, nope_dim=5, rope_dim=4, v_dim=3, rope_base=100.0)
@@ -458,36 +606,51 @@ def _(t):
              **dict(MLA, equivalent=lambda student, expected: True))
 
 
-def _window(n, window, num_sinks=0, how="ok"):
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    if how == "off_by_one":
-        return (j <= i) & ((i - j <= window) | (j < num_sinks))
-    if how == "short_by_one":
-        return (j <= i) & ((i - j < window - 1) | (j < num_sinks))
-    if how == "no_sinks":
-        return (j <= i) & (i - j < window)
-    if how == "sinks_not_causal":
-        return ((j <= i) & (i - j < window)) | (j < num_sinks)
-    if how == "sinks_inclusive":
-        return (j <= i) & ((i - j < window) | (j <= num_sinks))
-    if how == "not_causal":
-        return ((i - j).abs() < window) | (j < num_sinks)
-    raise ValueError(how)
+# The reference: (j <= i) & ((i - j < window) | (j < num_sinks)) on the (n, n) grid of query i and
+# key j; each mistake changes one comparison.
+def _grid(n):
+    return torch.arange(n)[:, None], torch.arange(n)[None, :]
+
+
+def _window_one_too_wide(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return (j <= i) & ((i - j <= window) | (j < num_sinks))
+
+
+def _window_one_too_narrow(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return (j <= i) & ((i - j < window - 1) | (j < num_sinks))
+
+
+def _window_without_sinks(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return (j <= i) & (i - j < window)
+
+
+def _sinks_not_causal(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return ((j <= i) & (i - j < window)) | (j < num_sinks)
+
+
+def _one_sink_too_many(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return (j <= i) & ((i - j < window) | (j <= num_sinks))
+
+
+def _window_not_causal(n, window, num_sinks=0):
+    i, j = _grid(n)
+    return ((i - j).abs() < window) | (j < num_sinks)
 
 
 WINDOW_MISTAKES = [
-    Mistake("the window is off by one: query i sees itself and the window - 1 tokens before it (i - j < window), "
-            "window tokens in all", lambda n, w, s=0: _window(n, w, s, "off_by_one")),
-    Mistake("the window is off by one: query i sees itself and the window - 1 tokens before it (i - j < window), "
-            "window tokens in all", lambda n, w, s=0: _window(n, w, s, "short_by_one")),
+    *[Mistake("the window is off by one: query i sees itself and the window - 1 tokens before it (i - j < window), "
+              "window tokens in all", off_by_one) for off_by_one in (_window_one_too_wide, _window_one_too_narrow)],
     Mistake("the sinks are missing: the first num_sinks tokens stay visible to every later query",
-            lambda n, w, s=0: _window(n, w, s, "no_sinks")),
+            _window_without_sinks),
     Mistake("the sinks are visible to earlier queries: the mask stays causal, j <= i, for the sinks too",
-            lambda n, w, s=0: _window(n, w, s, "sinks_not_causal")),
-    Mistake("one sink too many: the sinks are the tokens j < num_sinks",
-            lambda n, w, s=0: _window(n, w, s, "sinks_inclusive")),
-    Mistake("the mask is not causal: a query never sees a later key (j <= i)",
-            lambda n, w, s=0: _window(n, w, s, "not_causal")),
+            _sinks_not_causal),
+    Mistake("one sink too many: the sinks are the tokens j < num_sinks", _one_sink_too_many),
+    Mistake("the mask is not causal: a query never sees a later key (j <= i)", _window_not_causal),
 ]
 
 
@@ -501,41 +664,56 @@ def _(t):
     t.function("sliding_window_mask", 6, 1, mistakes=WINDOW_MISTAKES, label="window=1: each query sees itself")
 
 
-def _evict(k, v, num_sinks, window, how="ok"):
-    T = k.size(2)
-    if how == "no_sinks":
-        keep = torch.arange(max(T - window, 0), T)
-    elif how == "no_sinks_total":
-        keep = torch.arange(max(T - window - num_sinks, 0), T)
-    elif how == "reversed":
-        keep = torch.cat([torch.arange(T - window, T), torch.arange(num_sinks)]) if T > num_sinks + window \
-            else torch.arange(T)
-    elif how in ("window_minus", "window_plus"):
-        w = window - 1 if how == "window_minus" else window + 1
-        keep = torch.cat([torch.arange(num_sinks), torch.arange(T - w, T)]) if T > num_sinks + w else torch.arange(T)
-    elif how == "always":
-        keep = torch.cat([torch.arange(min(num_sinks, T)), torch.arange(max(T - window, 0), T)])
-    elif how == "flipped":
-        keep = torch.cat([torch.arange(num_sinks), torch.arange(T - window, T)]).flip(0) \
-            if T > num_sinks + window else torch.arange(T)
-    else:
-        raise ValueError(how)
-    return k[:, :, keep], v[:, :, keep]
+# The reference keeps the positions `_kept(T, num_sinks, window)`; each mistake keeps others.
+def _kept(T, num_sinks, window):
+    if T <= num_sinks + window:                             # the cache still fits: unchanged
+        return torch.arange(T)
+    return torch.cat([torch.arange(num_sinks), torch.arange(T - window, T)])
+
+
+def _evict_keeping(positions):
+    """evict_to_sinks that keeps ``positions(T, num_sinks, window)`` of the cache, in that order."""
+    def evict(k, v, num_sinks, window):
+        keep = positions(k.size(2), num_sinks, window)
+        return k[:, :, keep], v[:, :, keep]
+    return evict
+
+
+def _last_window_only(T, num_sinks, window):
+    return torch.arange(max(T - window, 0), T)
+
+
+def _last_sinks_plus_window(T, num_sinks, window):
+    return torch.arange(max(T - window - num_sinks, 0), T)
+
+
+def _window_before_sinks(T, num_sinks, window):
+    if T <= num_sinks + window:
+        return torch.arange(T)
+    return torch.cat([torch.arange(T - window, T), torch.arange(num_sinks)])
+
+
+def _kept_backwards(T, num_sinks, window):
+    return _kept(T, num_sinks, window).flip(0) if T > num_sinks + window else torch.arange(T)
+
+
+def _window_off_by(offset):
+    return lambda T, num_sinks, window: _kept(T, num_sinks, window + offset)
+
+
+def _evicted_always(T, num_sinks, window):
+    return torch.cat([torch.arange(min(num_sinks, T)), torch.arange(max(T - window, 0), T)])
 
 
 EVICT_MISTAKES = [
-    Mistake("the sink tokens were dropped on eviction: keep positions 0 .. num_sinks-1 as well as the last window",
-            lambda k, v, s, w: _evict(k, v, s, w, "no_sinks")),
-    Mistake("the sink tokens were dropped on eviction: keep positions 0 .. num_sinks-1 as well as the last window",
-            lambda k, v, s, w: _evict(k, v, s, w, "no_sinks_total")),
-    Mistake("eviction order reversed: the sinks come first, then the recent tokens, oldest first",
-            lambda k, v, s, w: _evict(k, v, s, w, "reversed")),
-    Mistake("eviction order reversed: the sinks come first, then the recent tokens, oldest first",
-            lambda k, v, s, w: _evict(k, v, s, w, "flipped")),
+    *[Mistake("the sink tokens were dropped on eviction: keep positions 0 .. num_sinks-1 as well as the last window",
+              _evict_keeping(kept)) for kept in (_last_window_only, _last_sinks_plus_window)],
+    *[Mistake("eviction order reversed: the sinks come first, then the recent tokens, oldest first",
+              _evict_keeping(kept)) for kept in (_window_before_sinks, _kept_backwards)],
     *[Mistake("the window is off by one: keep exactly the last `window` positions after the sinks",
-              lambda k, v, s, w, how=how: _evict(k, v, s, w, how)) for how in ("window_minus", "window_plus")],
+              _evict_keeping(_window_off_by(offset))) for offset in (-1, 1)],
     Mistake("positions were duplicated or dropped when the cache still fits: return it unchanged when "
-            "T <= num_sinks + window", lambda k, v, s, w: _evict(k, v, s, w, "always")),
+            "T <= num_sinks + window", _evict_keeping(_evicted_always)),
 ]
 
 
@@ -557,46 +735,67 @@ def _(t):
                label="T=7, 1 sink, window 4, d=8: evict as soon as T > num_sinks + window")
 
 
-def _paged(query, k_cache, v_cache, block_table, seq_lens, how="ok"):
+# The reference, one sequence at a time, in named steps; `_paged` takes each step as a keyword,
+# and each mistake below is one step written wrong.
+def _table_blocks(block_table, b, n_blocks, num_blocks):
+    """The physical blocks of sequence b: its first n_blocks entries of the block table."""
+    return block_table[b, :n_blocks]
+
+
+def _first_keys(k, v, L):
+    """The sequence's L keys and values; the slots after them hold stale values."""
+    return k[:, :L], v[:, :L]
+
+
+def _paged(query, k_cache, v_cache, block_table, seq_lens, blocks=_table_blocks, keys=_first_keys, scale=math.sqrt):
     B, H, d = query.shape
     bs = k_cache.size(2)
     out = []
     for b in range(B):
         L = int(seq_lens[b])
-        n_blocks = -(-L // bs)
-        if how == "logical":
-            blocks = torch.arange(n_blocks)
-        elif how == "table_plus_one":
-            blocks = block_table[b, 1:n_blocks + 1]
-        elif how == "block_plus_one":
-            blocks = (block_table[b, :n_blocks] + 1) % k_cache.size(0)
-        else:
-            blocks = block_table[b, :n_blocks]
-        k = k_cache[blocks].transpose(0, 1).reshape(H, -1, d)
-        v = v_cache[blocks].transpose(0, 1).reshape(H, -1, d)
-        if how != "past_len":
-            k, v = k[:, :L], v[:, :L]
-        if how == "len_minus_one":
-            k, v = k[:, :L - 1], v[:, :L - 1]
-        s = (k @ query[b][:, :, None]).squeeze(-1) / (d if how == "scale_d" else 1.0 if how == "no_scale"
-                                                       else math.sqrt(d))
+        physical = blocks(block_table, b, -(-L // bs), k_cache.size(0))
+        k, v = keys(k_cache[physical].transpose(0, 1).reshape(H, -1, d),
+                    v_cache[physical].transpose(0, 1).reshape(H, -1, d), L)
+        s = (k @ query[b][:, :, None]).squeeze(-1) / scale(d)
         out.append((s.softmax(-1)[:, None] @ v).squeeze(1))
     return torch.stack(out)
 
 
+def _paged_with(**wrong_step):
+    return lambda *args: _paged(*args, **wrong_step)
+
+
+def _logical_blocks(block_table, b, n_blocks, num_blocks):
+    return torch.arange(n_blocks)
+
+
+def _table_read_one_late(block_table, b, n_blocks, num_blocks):
+    return block_table[b, 1:n_blocks + 1]
+
+
+def _next_physical_blocks(block_table, b, n_blocks, num_blocks):
+    return (block_table[b, :n_blocks] + 1) % num_blocks
+
+
+def _all_slots(k, v, L):
+    return k, v
+
+
+def _last_key_left_out(k, v, L):
+    return k[:, :L - 1], v[:, :L - 1]
+
+
 PAGED_MISTAKES = [
     Mistake("the logical block index was used as the physical block: token t is in block block_table[b, t // "
-            "block_size], not in block t // block_size", lambda *a: _paged(*a, how="logical")),
-    Mistake("the block table was read off by one: token t is in block block_table[b, t // block_size]",
-            lambda *a: _paged(*a, how="table_plus_one")),
-    Mistake("the block table was read off by one: token t is in block block_table[b, t // block_size]",
-            lambda *a: _paged(*a, how="block_plus_one")),
+            "block_size], not in block t // block_size", _paged_with(blocks=_logical_blocks)),
+    *[Mistake("the block table was read off by one: token t is in block block_table[b, t // block_size]",
+              _paged_with(blocks=off_by_one)) for off_by_one in (_table_read_one_late, _next_physical_blocks)],
     Mistake("keys past seq_lens[b] were read: the slots after a sequence's last token hold stale values; attend "
-            "to the first seq_lens[b] only", lambda *a: _paged(*a, how="past_len")),
+            "to the first seq_lens[b] only", _paged_with(keys=_all_slots)),
     Mistake("the last cached token was left out: attend to all seq_lens[b] keys, 0 .. seq_lens[b]-1",
-            lambda *a: _paged(*a, how="len_minus_one")),
-    Mistake("scores scaled by 1/d: scale by 1/sqrt(d)", lambda *a: _paged(*a, how="scale_d")),
-    Mistake("scores not scaled by 1/sqrt(d)", lambda *a: _paged(*a, how="no_scale")),
+            _paged_with(keys=_last_key_left_out)),
+    Mistake("scores scaled by 1/d: scale by 1/sqrt(d)", _paged_with(scale=lambda d: d)),
+    Mistake("scores not scaled by 1/sqrt(d)", _paged_with(scale=lambda d: 1.0)),
 ]
 
 
