@@ -69,7 +69,7 @@ class Catalog:
     @functools.cached_property
     def untouched(self) -> dict:
         """The learner notebook as released: every test lost, each named as not implemented yet."""
-        from conftest import submission
+        from support import submission
         return {"untouched_notebook": (submission(base="stub", chapter=self.chapter),
                                        {test_id: "not implemented yet" for test_id in ChapterInfo(self.chapter).tests})}
 
@@ -125,7 +125,7 @@ def with_body(chapter: str, exercise: str, name: str, body: str, extra: str = ""
     import ast
     import textwrap
 
-    from conftest import reference_answers
+    from support import reference_answers
     source = reference_answers(chapter)[exercise]
     tree = ast.parse(source)
     owner, _, method = name.rpartition(".")
@@ -152,7 +152,7 @@ def with_methods(chapter: str, exercise: str, methods: str, keep=("__init__",)) 
     import ast
     import textwrap
 
-    from conftest import reference_answers
+    from support import reference_answers
     source = reference_answers(chapter)[exercise]
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == exercise)
     lines, drop = source.splitlines(), set()
@@ -178,7 +178,7 @@ def tampered(chapter: str, tricks=(), after_stubs=()):
     test, as a learner's cell below the stub does; at the end of the notebook it would prove nothing."""
     import nbformat
 
-    from conftest import reference_answers, submission
+    from support import reference_answers, submission
     from coursekit.conventions import grade_id
     nb = submission(base="stub", chapter=chapter, prepend=tricks)
     answers = set(reference_answers(chapter))
@@ -202,7 +202,7 @@ PATCHED_COMPARISONS = ("import torch, numpy\ntorch.allclose = lambda *a, **k: Tr
 # the sandbox's filesystem. A trick that would replace the stubs (by the reference's definitions)
 # goes after them: before them, the stubs would undo it and it would prove nothing.
 def _common_tricks(chapter: str) -> dict[str, tuple[list[str], list[str]]]:
-    from conftest import ROOT
+    from support import ROOT
     module = f"solutions.ch{chapter}"
     return {
         "fake_probe_module": (["import sys, types, os, json\nfake = types.ModuleType('attn_probe')\n"
@@ -249,7 +249,7 @@ def feedback_by_test(result: dict) -> dict[str, str]:
 
 def _project_digest() -> dict[str, str]:
     """Every file of the project that grading must leave alone (the grader, the course, the tests)."""
-    from conftest import ROOT
+    from support import ROOT
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
             for folder in ("autograder", "coursekit", "coursegen", "course", "solutions", "source", "chapters", "tests")
             for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and "__pycache__" not in p.parts}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 SHARED = ROOT.parent / "shared"
 PROPOSED = ROOT / "docs" / "spec"

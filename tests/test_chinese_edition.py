@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT, grade_notebooks, submission
+from support import ROOT, grade_notebooks, submission
 from contract import check_contract
 
 from autograder.chapters import ChapterInfo

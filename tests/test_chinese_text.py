@@ -22,7 +22,7 @@ import unicodedata
 import nbformat
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from test_book import book  # noqa: F401 - the built book, for the tests that read its runs
 
 from coursegen import catalogs, headings

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from coursekit.conventions import with_python_bin_on_path
 
 

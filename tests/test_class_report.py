@@ -14,7 +14,7 @@ import pytest
 from bs4 import BeautifulSoup
 
 from class_runs import CHAPTER, EXPECTED, SHARDED_STUDENTS as STUDENTS, cli
-from conftest import ROOT
+from support import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from class_runs import CHAPTER, EXPECTED, SHARDED_STUDENTS, cli, cli_together, grades, new_course
-from conftest import ROOT
+from support import ROOT
 
 from coursekit.conventions import with_python_bin_on_path
 

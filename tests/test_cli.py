@@ -6,7 +6,7 @@ import sys
 import nbformat
 import pytest
 
-from conftest import ROOT, scores_by_test, submission
+from support import ROOT, scores_by_test, submission
 
 
 def grade_cli(path, *args):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from class_runs import CHAPTER, cli, new_course
-from conftest import ROOT
+from support import ROOT
 
 from autograder.classroom.collect import OLDER, collect, submissions
 from autograder.classroom.folders import student_id

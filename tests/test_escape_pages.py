@@ -33,7 +33,7 @@ import pytest
 
 from autograder.feedback import FEEDBACK_POLICY
 from class_runs import CHAPTER, cli, new_course
-from conftest import ROOT, reference_answers, submission
+from support import ROOT, reference_answers, submission
 
 pytestmark = pytest.mark.pipeline
 

@@ -25,7 +25,7 @@ import nbformat
 import pytest
 
 from catalog import with_body
-from conftest import grade_notebooks, reference_answers, scores_by_test, submission
+from support import grade_notebooks, reference_answers, scores_by_test, submission
 
 from autograder import static_check
 from autograder.chapters import ChapterInfo

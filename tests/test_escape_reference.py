@@ -21,7 +21,7 @@ import pytest
 
 from coursekit import conventions as C
 from coursekit.sample_submissions import learner_notebook
-from conftest import ROOT, grading_pool, submission, written
+from support import ROOT, grading_pool, submission, written
 
 pytestmark = pytest.mark.pipeline
 

@@ -25,7 +25,7 @@ import textwrap
 import nbformat
 import pytest
 
-from conftest import ROOT, submission
+from support import ROOT, submission
 
 pytestmark = [pytest.mark.pipeline,
               pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers of x86-64")]

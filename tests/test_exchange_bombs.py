@@ -30,7 +30,7 @@ from autograder.chapters import ChapterInfo
 from autograder.exchange import Exchange
 from autograder.judge import cells
 from autograder.sandboxed import probe, wire
-from conftest import ROOT, grade_notebooks, reference_answers, scores_by_test, submission
+from support import ROOT, grade_notebooks, reference_answers, scores_by_test, submission
 
 CHAPTER = "02_self_attention"
 TEST = "test_scaled_dot_product_attention_values"  # inputs, outputs and inputs kept: most fields of a result

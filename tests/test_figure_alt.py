@@ -10,7 +10,7 @@ import ast
 import nbformat
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 from coursegen.figure_alt import _defined, _functions, alt_text, with_figure_alt_text
 from coursekit.conventions import chapter_names

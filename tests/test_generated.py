@@ -6,7 +6,7 @@ import sys
 import nbformat
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from coursekit import conventions as C
 from contract import check_contract, spec_text
 from test_book import book  # noqa: F401 - the built book, for the tests that read its runs

@@ -11,7 +11,7 @@ import textwrap
 
 
 from catalog import Catalog, tampered, common_tampering
-from conftest import submission
+from support import submission
 
 CHAPTER = "01_bahdanau_attention"
 MS_TESTS = ["test_masked_softmax_no_mask", "test_masked_softmax_mask", "test_masked_softmax_gradients"]

@@ -11,7 +11,7 @@ import textwrap
 
 
 from catalog import Catalog, tampered, common_tampering
-from conftest import ROOT, submission
+from support import ROOT, submission
 
 CHAPTER = "02_self_attention"
 ALL_TESTS = [

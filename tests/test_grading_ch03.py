@@ -11,7 +11,7 @@ import textwrap
 
 
 from catalog import Catalog, tampered, common_tampering
-from conftest import submission
+from support import submission
 
 CHAPTER = "03_multi_head_attention"
 POINTS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from catalog import Catalog, common_tampering, tampered, with_body, with_methods
-from conftest import submission
+from support import submission
 
 CHAPTER = "05_transformer"
 POINTS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from catalog import Catalog, common_tampering, replaced, tampered, with_body
-from conftest import submission
+from support import submission
 
 CHAPTER = "06_efficient_attention"
 POINTS = {

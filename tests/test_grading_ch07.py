@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from catalog import Catalog, common_tampering
-from conftest import submission
+from support import submission
 
 CHAPTER = "07_gpt"
 POINTS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from catalog import Catalog, common_tampering, with_methods
-from conftest import submission
+from support import submission
 
 CHAPTER = "08_modern_attention"
 POINTS = {

@@ -20,7 +20,7 @@ import sys
 import nbformat
 import pytest
 from class_runs import CHAPTER, cli, new_course
-from conftest import ROOT, grade_notebooks, submission
+from support import ROOT, grade_notebooks, submission
 
 OTHER = "08_modern_attention"
 

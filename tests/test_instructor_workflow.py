@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from class_runs import CHAPTER, cli, new_course
-from conftest import ROOT
+from support import ROOT
 
 from coursekit.conventions import with_python_bin_on_path
 

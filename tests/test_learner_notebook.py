@@ -12,7 +12,7 @@ import pytest
 from bs4 import BeautifulSoup
 from markdown_it import MarkdownIt
 
-from conftest import ROOT
+from support import ROOT
 from coursekit import conventions as C
 from coursekit.conventions import EDITIONS
 from coursekit.myst_plain import MYST, glue_names, render

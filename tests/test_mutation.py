@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from conftest import ROOT
+from support import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from conftest import ROOT, submission
+from support import ROOT, submission
 
 from coursekit.conventions import with_python_bin_on_path
 

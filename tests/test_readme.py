@@ -18,7 +18,7 @@ import subprocess
 import nbformat
 
 from class_runs import code_blocks, readme_commands, readme_sections
-from conftest import ROOT
+from support import ROOT
 
 
 def shown_class_table() -> list[list[str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT, grade_notebooks, reference_answers, scores_by_test, submission
+from support import ROOT, grade_notebooks, reference_answers, scores_by_test, submission
 
 CHAPTER = "02_self_attention"
 SDPA_TESTS = 4  # points of scaled_dot_product_attention's tests; the rest of the notebook is stubs

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT
+from support import ROOT
 from coursegen import visible_test_errors
 from coursekit import conventions as C
 from coursekit.conventions import EDITIONS

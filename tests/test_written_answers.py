@@ -14,7 +14,7 @@ import re
 import nbformat
 import pytest
 
-from conftest import ROOT, grade_notebooks, submission
+from support import ROOT, grade_notebooks, submission
 
 from coursekit import conventions as C
 from coursekit.source import chapters
