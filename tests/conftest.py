@@ -10,7 +10,9 @@ Tests that use the real pipeline are marked ``pipeline`` (by their fixtures, or 
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,11 +27,7 @@ os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "15")
 os.environ.setdefault("ATTN_GRADER_CALL_TIMEOUT", "4")
 
 from run_once import once, run_folder  # noqa: E402
-from support import grade_notebooks, judge_notebooks, shut_grading_pool  # noqa: E402
-
-
-def pytest_sessionfinish(session):
-    shut_grading_pool()
+from support import ROOT, grade_notebooks, judge_notebooks, shut_grading_pool  # noqa: E402
 
 
 def _cached(tmp_path_factory, grade):
@@ -93,46 +91,70 @@ def sharded_class(tmp_path_factory, released_class):
 
 
 PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class", "book"}
-# Modules whose tests run the grader's command line, a class run or the book build (each
-# through nbgrader and the sandboxed kernel, or Sphinx): the full tier only.
-PIPELINE_MODULES = {"test_sandbox", "test_cli", "test_classroom", "test_class_report", "test_readme",
-                    "test_nbgrader_e2e", "test_book", "test_chinese_edition", "test_accessibility", "test_publish"}
+# Modules whose tests all run the grader's command line, a class run or the book build say so
+# themselves (``pytestmark = pytest.mark.pipeline``); a test that uses these fixtures is marked here.
 
-
-# Seconds each slow module took in a two-worker `make test` on a fresh clone after `make book`
-# (timed per module, rounded; a module not listed takes under 20 s; the chapter catalogs and
-# test_chinese_edition estimated from their fewer pipeline gradings until re-timed). Add a new slow
-# module here with its time.
-MODULE_SECONDS = {
-    "test_classroom": 405, "test_accessibility": 270, "test_sandbox": 255, "test_grading_ch05": 145,
-    "test_grading_ch06": 135, "test_cli": 105, "test_grading_ch02": 95, "test_escape_pages": 90, "test_publish": 85,
-    "test_grading_ch08": 75, "test_chinese_edition": 75, "test_grading_ch07": 70, "test_grading_ch01": 60,
-    "test_grading_ch03": 50, "test_grading_ch04": 50, "test_book": 40, "test_nbgrader_e2e": 30,
-    "test_generated": 25, "test_learner_notebook": 25, "test_instructor_workflow": 160, "test_class_end_to_end": 330, "test_escape_records": 100, "test_escape_reference": 90,
-    "test_instructor_policies": 70, "test_exchange_bombs": 50, "test_collect_names": 40, "test_escape_syscalls": 30,
-}
+# Seconds each module took in the last run that ran it whole (recorded by ``pytest_runtest_logreport``
+# below, per marker expression: ``make check`` and ``make test`` each keep their own), else in the
+# committed default (a two-worker ``make test`` on a fresh clone after ``make book``; a module not
+# listed takes under 20 s). The record is never committed.
+DEFAULT_SECONDS = Path(__file__).with_name("module_seconds.json")
+RECORDED_SECONDS = ROOT / ".cache" / "test_module_seconds.json"
 # The module that builds the book (``test_book.book``) for the others that read it.
 BOOK_BUILDER = "test_accessibility"
 
 
+def module_seconds(markexpr: str) -> dict[str, float]:
+    """Module name -> its seconds: the last recorded run with this marker expression over the default."""
+    seconds = json.loads(DEFAULT_SECONDS.read_text())
+    if RECORDED_SECONDS.exists():
+        seconds.update(json.loads(RECORDED_SECONDS.read_text()).get(markexpr, {}))
+    return seconds
+
+
+def _records(config) -> bool:
+    """Only the controller (not an xdist worker) of a run of whole modules records their times."""
+    return not hasattr(config, "workerinput") and not config.option.keyword and \
+        not any("::" in str(arg) for arg in config.args)
+
+
+_ran_seconds: dict[str, float] = {}  # module -> seconds its tests' setup, call and teardown took in this run
+
+
+def pytest_runtest_logreport(report):
+    module = Path(report.fspath).stem
+    _ran_seconds[module] = _ran_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    shut_grading_pool()
+    if not _ran_seconds or not _records(session.config):
+        return
+    recorded = json.loads(RECORDED_SECONDS.read_text()) if RECORDED_SECONDS.exists() else {}
+    tier = recorded.setdefault(session.config.option.markexpr or "", {})
+    tier.update({module: round(seconds) for module, seconds in _ran_seconds.items()})
+    RECORDED_SECONDS.parent.mkdir(exist_ok=True)
+    written = RECORDED_SECONDS.with_suffix(f".{os.getpid()}")  # whole or not at all: others run tests here too
+    written.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    os.replace(written, RECORDED_SECONDS)
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that grades through the real pipeline (its fixtures or its module say so) is marked
-    ``pipeline``; modules are put in the order ``_module_order`` gives."""
+    """A test that grades through the real pipeline (its fixtures say so) is marked ``pipeline``;
+    modules are put in the order ``_module_order`` gives."""
     for item in items:
-        module = getattr(item, "module", None)
-        if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())) or \
-                (module is not None and module.__name__.rpartition(".")[2] in PIPELINE_MODULES):
+        if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.pipeline)
-    order = _module_order(items)
+    order = _module_order(items, module_seconds(config.option.markexpr or ""))
     items.sort(key=lambda item: order[item.path.stem])  # stable: a module's own order stays
 
 
-def _module_order(items) -> dict[str, tuple]:
+def _module_order(items, seconds: dict[str, float]) -> dict[str, tuple]:
     """The order in which ``make test``'s two workers take whole modules (pytest-xdist ``--dist
     loadfile --no-loadscope-reorder`` keeps it): the book's builder first, so that the book is
     built (on a fresh clone, every chapter executed: many minutes) while the other worker grades;
     then the modules that do not read the book, the longest first, so that neither worker is left
-    with a long one at the end; then the book's other readers, the longest first."""
+    with a long one at the end; then the book's other readers, the longest first (ties by name)."""
     reads_book = {item.path.stem for item in items if "book" in getattr(item, "fixturenames", ())}
     return {item.path.stem: (0 if item.path.stem == BOOK_BUILDER else 2 if item.path.stem in reads_book else 1,
-                             -MODULE_SECONDS.get(item.path.stem, 0)) for item in items}
+                             -seconds.get(item.path.stem, 0), item.path.stem) for item in items}

@@ -24,6 +24,8 @@ import pytest
 
 from test_book import EDITIONS, book, edition_root, page_visits, parsed_page, site_pages  # noqa: F401
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "_build" / "accessibility.tsv"
 FAILING = ("serious", "critical")

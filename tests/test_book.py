@@ -36,6 +36,8 @@ from bs4 import BeautifulSoup
 import system_packages
 from run_once import once, run_folder
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 CHAPTERS = re.findall(r"file:\s*chapters/(\S+)", (ROOT / "_toc.yml").read_text())

@@ -23,6 +23,8 @@ from coursegen import catalogs
 from coursegen.front_matter import GLOSSED_ONCE_IN_THE_BOOK, glossary
 from coursekit.conventions import chapter_names, figure_font_setup, with_python_bin_on_path
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 LANGUAGE = "zh_CN"
 CHAPTERS = chapter_names()
 HAN = re.compile(r"[\u4e00-\u9fff]")

@@ -16,6 +16,8 @@ from bs4 import BeautifulSoup
 from class_runs import CHAPTER, EXPECTED, SHARDED_STUDENTS as STUDENTS, cli
 from support import ROOT
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 
 @pytest.fixture(scope="module")
 def graded(sharded_class):

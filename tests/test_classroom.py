@@ -17,6 +17,8 @@ from support import ROOT
 
 from coursekit.conventions import with_python_bin_on_path
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 
 @pytest.fixture(scope="module")
 def graded_class(readme_clone, tmp_path_factory):

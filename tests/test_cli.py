@@ -8,6 +8,8 @@ import pytest
 
 from support import ROOT, scores_by_test, submission
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 
 def grade_cli(path, *args):
     return subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), *args],

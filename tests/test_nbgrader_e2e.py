@@ -5,10 +5,13 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from support import ROOT, submission
 
 from coursekit.conventions import with_python_bin_on_path
+
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
 
 
 def nbgrader(course: Path, *args):

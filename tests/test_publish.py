@@ -26,6 +26,8 @@ from bs4 import BeautifulSoup
 from npm_packages import node, npm_package
 from test_book import CHAPTERS, EDITIONS, DevTools, book, chromium, edition_root, page_of, parsed_page  # noqa: F401
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 REPOSITORY = "https://github.com/course-org/attention-from-scratch"  # any GitHub repository will do

@@ -16,9 +16,12 @@ import json
 import subprocess
 
 import nbformat
+import pytest
 
 from class_runs import code_blocks, readme_commands, readme_sections
 from support import ROOT
+
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
 
 
 def shown_class_table() -> list[list[str]]:

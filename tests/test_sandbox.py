@@ -24,6 +24,8 @@ import pytest
 
 from support import ROOT, grade_notebooks, reference_answers, scores_by_test, submission
 
+pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
+
 CHAPTER = "02_self_attention"
 SDPA_TESTS = 4  # points of scaled_dot_product_attention's tests; the rest of the notebook is stubs
 SECRET = "attention-is-all-you-need"
