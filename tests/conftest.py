@@ -27,7 +27,7 @@ os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "15")
 os.environ.setdefault("ATTN_GRADER_CALL_TIMEOUT", "4")
 
 from run_once import once, run_folder  # noqa: E402
-from support import ROOT, grade_notebooks, judge_notebooks, shut_grading_pool  # noqa: E402
+from support import DEFAULT_MODULE_SECONDS, ROOT, grade_notebooks, judge_notebooks, shut_grading_pool  # noqa: E402
 
 
 def _cached(tmp_path_factory, grade):
@@ -98,7 +98,6 @@ PIPELINE_FIXTURES = {"grade_catalog", "readme_clone", "sharded_class", "book"}
 # below, per marker expression: ``make check`` and ``make test`` each keep their own), else in the
 # committed default (a two-worker ``make test`` on a fresh clone after ``make book``; a module not
 # listed takes under 20 s). The record is never committed.
-DEFAULT_SECONDS = Path(__file__).with_name("module_seconds.json")
 RECORDED_SECONDS = ROOT / ".cache" / "test_module_seconds.json"
 # The module that builds the book (``test_book.book``) for the others that read it.
 BOOK_BUILDER = "test_accessibility"
@@ -106,7 +105,7 @@ BOOK_BUILDER = "test_accessibility"
 
 def module_seconds(markexpr: str) -> dict[str, float]:
     """Module name -> its seconds: the last recorded run with this marker expression over the default."""
-    seconds = json.loads(DEFAULT_SECONDS.read_text())
+    seconds = json.loads(DEFAULT_MODULE_SECONDS.read_text())
     if RECORDED_SECONDS.exists():
         seconds.update(json.loads(RECORDED_SECONDS.read_text()).get(markexpr, {}))
     return seconds

@@ -19,6 +19,8 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+# The test scheduler's default seconds per module (conftest), until a run records its own.
+DEFAULT_MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 sys.path.insert(0, str(ROOT))
 
 from coursekit.sample_submissions import learner_notebook, reference_answers, submission  # noqa: E402,F401
