@@ -16,8 +16,9 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
+from traitlets import Integer
 
-OUTPUT_CAP = 64 * 1024  # characters of output kept per cell
+from .settings import GraderSettings
 
 
 class GuardedExecute(Execute):
@@ -25,6 +26,8 @@ class GuardedExecute(Execute):
 
     session = None  # the GradingSession that feeds the hidden tests
     grading_kernel = None  # the started GradingKernelManager that runs the notebook
+    output_cap = Integer(GraderSettings().output_cap,
+                         help="Characters of output kept per cell; the rest is dropped with a note.").tag(config=True)
 
     @classmethod
     def for_run(cls, session, kernel) -> type:
@@ -88,9 +91,9 @@ class GuardedExecute(Execute):
         size = len(str(content.get("text", ""))) + sum(len(str(v)) for v in content.get("data", {}).values())
         used = self._sizes.get(cell_index, 0)
         self._sizes[cell_index] = used + size
-        if used + size <= OUTPUT_CAP:
+        if used + size <= self.output_cap:
             return super().output(outs, msg, display_id, cell_index)
-        if used <= OUTPUT_CAP:
+        if used <= self.output_cap:
             outs.append(NotebookNode(output_type="stream", name="stderr",
                                      text="\n[output truncated by the grader]\n"))
         return None

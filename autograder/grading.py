@@ -13,14 +13,13 @@
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
 
 from jupyter_core.utils import run_sync
 
-from . import sandbox, scratch
+from . import sandbox, scratch, settings
 from .exchange import Exchange
 from .kernel import GradingKernelManager
 
@@ -35,12 +34,12 @@ class KernelSlot:
     """
 
     def __init__(self, sandboxed: bool = True, private: tuple[Path, ...] = (), limits: sandbox.Limits | None = None):
-        """LIMITS: the sandbox's (default: ``Limits.from_environment()``)."""
+        """LIMITS: the sandbox's (default: those of ``settings.current()``)."""
         if sandboxed:
             sandbox.bubblewrap()
         self.work = scratch.new_folder()
         self.kernel = GradingKernelManager(exchange=Exchange(self.work / "exchange"), scratch=self.work / "scratch",
-                                           sandboxed=sandboxed, limits=limits or sandbox.Limits.from_environment(),
+                                           sandboxed=sandboxed, limits=limits or settings.current().limits,
                                            private=[str(p) for p in private])
         try:
             run_sync(self.kernel.start_kernel)(extra_arguments=KERNEL_ARGUMENTS)
@@ -52,7 +51,7 @@ class KernelSlot:
         try:
             run_sync(self.kernel.shutdown_kernel)(now=True)
         finally:
-            if not os.environ.get("ATTN_GRADER_KEEP"):  # debugging aid: keep the scratch course
+            if not settings.current().keep:  # debugging aid: keep the scratch course
                 scratch.remove(self.work)
 
 
@@ -97,6 +96,11 @@ def grade(path: Path, student: str = "student", feedback: bool = False,
     private: more folders an unsandboxed kernel's audit hook keeps it from reading.
     slot: a kernel started earlier (``KernelSlot``); it is used up either way.
     """
+    with settings.in_use(settings.GraderSettings.from_environment()):  # read once per grading
+        return _grade(path, student, feedback, chapter, keep_course, sandboxed, private, slot)
+
+
+def _grade(path, student, feedback, chapter, keep_course, sandboxed, private, slot):
     from .submission import SubmissionError, load
     if not isinstance(student, str) or not student.strip() or student.startswith(".") \
             or "/" in student or "\\" in student or "\0" in student:
@@ -199,7 +203,7 @@ def _autograde_config(course: Path, execute_class, judgement):
 
     from .judged_grades import JudgeCells, SaveJudgedGrades
     c = nbgrader_course.config(course)
-    c.Execute.timeout = int(os.environ.get("ATTN_GRADER_CELL_TIMEOUT", "60"))
+    c.Execute.timeout = int(settings.current().cell_timeout)
     c.Execute.startup_timeout = 120
     steps = []
     for step in Autograde.class_traits()["autograde_preprocessors"].default():

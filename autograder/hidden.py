@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Any, Callable
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from .judge.compare import close, tolerance  # noqa: F401 - for chapters' checks
 from .judge.hints import rows_sum_to_one  # noqa: F401 - for chapters' checks
 from .judge.reference import call_reference, float_tensor_indices, reference_call
+from . import settings
 from .sandboxed.wire import ModelArg
 
 @dataclasses.dataclass
@@ -38,9 +38,9 @@ class Mistake:
 
 
 def call_time_limit() -> float:
-    """Processor seconds one call of submitted code may use: ``ATTN_GRADER_CALL_TIMEOUT``, else 10
+    """Processor seconds one call of submitted code may use, the grading's ``call_timeout`` setting
     (the kernel side stops a call that waits instead, on the clock: ``probe.WAITING_FACTOR``)."""
-    return float(os.environ.get("ATTN_GRADER_CALL_TIMEOUT", "10"))
+    return settings.current().call_timeout
 
 
 @dataclasses.dataclass
@@ -58,7 +58,9 @@ class Probe:
     label: str = ""
     method: str = "forward"  # for modules: the method under test
     dtype: str | None = None  # for modules: parameters cast to this dtype (e.g. "float64")
-    time_limit: float = dataclasses.field(default_factory=call_time_limit)
+    # Processor seconds for its call; None: the setting at grading time (``call_limit``), since probes
+    # are built once per process and serve every grading after.
+    time_limit: float | None = None
     strict: bool = False  # float64 outputs must agree to float64 precision (see ``tolerance``)
     # (student, expected) -> bool, for results whose spec leaves some parts open; default ``values_match``
     equivalent: Callable[[Any, Any], bool] | None = None
@@ -79,6 +81,10 @@ class Probe:
     # made with ``dataclasses.replace`` starts without them.
     computed: dict | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
+    def call_limit(self) -> float:
+        """The processor seconds its call may use in the grading in progress."""
+        return self.time_limit if self.time_limit is not None else call_time_limit()
+
 
 class Builder:
     """Seeded input factory handed to each hidden-test builder."""
@@ -86,7 +92,7 @@ class Builder:
     def __init__(self, tests: "HiddenTests", test_id: str):
         self.tests, self.test_id, self.probes = tests, test_id, []
         # A course-private seed (README, "Public answers") gives every test other inputs than the public ones.
-        private = os.environ.get("ATTN_GRADER_PRIVATE_SEED", "")
+        private = settings.current().private_seed
         seed = int(hashlib.sha256((f"{private}\0{test_id}" if private else test_id).encode()).hexdigest()[:8], 16)
         self.gen = torch.Generator().manual_seed(seed)
 

@@ -15,6 +15,7 @@ import json
 
 import numpy as np
 
+from . import settings
 from .sandboxed import probe as kernel_side
 from .sandboxed import wire
 
@@ -228,6 +229,12 @@ def _leading_empty_lines_dropped(source: str) -> str:
 
 
 def grade_notebook(path, prepared: _Session | None = None) -> dict:
+    """``_grade_notebook`` with the settings read once for it."""
+    with settings.in_use(settings.GraderSettings.from_environment()):
+        return _grade_notebook(path, prepared)
+
+
+def _grade_notebook(path, prepared: _Session | None = None) -> dict:
     """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
 
     The same steps as ``grading.grade`` where they do not need a kernel: the submission read and
@@ -236,7 +243,7 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
     kernel: the cells after it do not run), each hidden test's calls run by ``call_one`` and the
     whole judged by ``judge.cells``. No sandbox and no nbgrader: for trusted notebooks only, and for
     what does not need the real pipeline. A cell that runs past the pipeline's cell time limit
-    (``ATTN_GRADER_CELL_TIMEOUT``, counted in CPU seconds here, since a probe's own limit uses the
+    (the ``cell_timeout`` setting, counted in CPU seconds here, since a probe's own limit uses the
     wall-clock timer) is interrupted, as the kernel's would be.
     """
     import contextlib
@@ -276,7 +283,7 @@ def grade_notebook(path, prepared: _Session | None = None) -> dict:
     def exit_kernel(code=0):
         raise KernelExit(code)
     os._exit, sys.modules["attn_probe"] = exit_kernel, probe_module
-    cell_limit = float(os.environ.get("ATTN_GRADER_CELL_TIMEOUT", "60"))
+    cell_limit = settings.current().cell_timeout
 
     def interrupt_cell(signum, frame):
         raise CellTimeout()

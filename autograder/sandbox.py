@@ -13,7 +13,8 @@ root, ``/dev`` and the top of the exchange folder are read-only; it writes only 
 ``results/``. A seccomp filter (``seccomp_program``, given to bubblewrap) refuses the
 system calls no notebook needs and that namespaces do not separate (``DENIED_CALLS``).
 
-Limits (defaults below; environment variables of the same name change them):
+Limits (defaults in ``settings.Limits``, read there with the other settings; environment variables
+of the same name change them):
 
 * rlimits set before the sandbox starts, which no process inside can raise:
   CPU seconds, size of one written file, open files;
@@ -39,32 +40,7 @@ import time
 from pathlib import Path
 
 from .messages import msg
-
-GiB, MiB = 2**30, 2**20
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    memory: int = 4 * GiB  # resident memory of the whole sandbox
-    tasks: int = 256  # processes and threads of the whole sandbox
-    cpu_seconds: int = 1800
-    file_size: int = 512 * MiB  # one written file
-    open_files: int = 1024
-    scratch: int = 1 * GiB  # the private /tmp
-    shm: int = 256 * MiB  # the private /dev/shm
-    exchange: int = 512 * MiB  # the folder shared with the grader
-    exchange_entries: int = 10_000  # files and folders in it
-    wall_seconds: float = 1800.0
-
-    @classmethod
-    def from_environment(cls) -> "Limits":
-        """Defaults, changed by ATTN_GRADER_LIMIT_<NAME> (bytes, seconds or a count)."""
-        values = {}
-        for field in dataclasses.fields(cls):
-            raw = os.environ.get(f"ATTN_GRADER_LIMIT_{field.name.upper()}")
-            if raw:
-                values[field.name] = float(raw) if field.type == "float" else int(float(raw))
-        return cls(**values)
+from .settings import GiB, Limits, MiB  # noqa: F401 - the sandbox's limits, read with the other settings
 
 
 class SandboxUnavailable(RuntimeError):

@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from coursekit.conventions import ROOT
 from coursekit.nbgrader_course import generate_assignment
 
+from . import settings
 from .chapters import ChapterInfo
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ATTN_GRADER_CACHE", ROOT / ".cache" / "grader"))
+    return settings.current().cache
 
 
 def course_template(chapter: ChapterInfo) -> Path:

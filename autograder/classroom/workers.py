@@ -110,6 +110,8 @@ def interrupted_cells(notebook: str) -> list[str]:
     """A note for each code cell the grader interrupted at its time limit (nbclient's interrupt ends it
     with KeyboardInterrupt; one that did not stop has CellTimeoutError)."""
     import json
+
+    from .. import grading
     notes = []
     try:
         cells = json.loads(notebook).get("cells", [])
@@ -121,7 +123,7 @@ def interrupted_cells(notebook: str) -> list[str]:
             source = "".join(cell.get("source", "")).strip().splitlines()
             first = source[0][:60] if source else ""
             notes.append(f"cell {number} ({first}) was interrupted at its time limit "
-                         f"({os.environ.get('ATTN_GRADER_CELL_TIMEOUT', '60')} s)")
+                         f"({grading.settings.current().cell_timeout:g} s)")
     return notes
 
 

@@ -52,7 +52,7 @@ def _not_run(probe, got, where) -> list:
         return [msg("`{target}` is not defined: did its cell run without errors?", target=probe.target)]
     if status == "timeout":
         return [msg("`{target}` ran longer than {seconds} s{where}: an endless loop?", target=probe.target,
-                    seconds=f"{probe.time_limit:g}", where=where)]
+                    seconds=f"{probe.call_limit():g}", where=where)]
     return []
 
 

@@ -81,7 +81,7 @@ def encode_call(index: int, probe, deps: dict, arrays: dict, describe_model=None
         "deps": deps,
         "method": probe.method,
         "dtype": probe.dtype,
-        "time_limit": probe.time_limit,
+        "time_limit": probe.call_limit(),
         "train": False if probe.init is not None else None,
         "expects_error": bool(getattr(probe, "raises", ())),
     }
