@@ -3,16 +3,23 @@
 A chapter's test file only declares its cases and takes the tests from here::
 
     CATALOG = Catalog(CHAPTER, correct={...}, mistakes={name: (notebook, {test_id: words})},
-                      independent={...}, tampering={**common_tampering(CHAPTER), name: notebook})
-    from catalog import *  # noqa: F401,F403 - the catalog's tests, run on CATALOG
+                      independent={...}, tampering={**common_tampering(CHAPTER), name: notebook},
+                      kernel_only={name, ...}, sampled={name, ...})
+
+    class TestCatalog(CatalogTests):
+        catalog = CATALOG
+
+pytest collects the methods of ``CatalogTests`` by its own rules (a new ``test_`` method runs
+without being listed anywhere).
 
 Two tiers (tests/conftest.py):
 
 * every correct style and mistake is judged in process (``judged``): the kernel's own call
   routine (``attn_probe.call_one``) and the grader's own judge, without nbgrader and the sandbox;
-  except a mistake whose expected message names what only a kernel shows (a time limit, a dead
-  kernel: ``kernel_only``), judged through the real pipeline alone;
-* every tampering case, every kernel-only mistake and a sample of the others (``sample``) go
+  except the mistakes flagged ``kernel_only`` (a time limit, a dead kernel: what only a kernel
+  shows), judged through the real pipeline alone;
+* every tampering case, every kernel-only mistake and a sample of the others (``sample``: the
+  first correct style, the first judged mistake and the mistakes flagged ``sampled``) go
   through the real pipeline (``graded``: nbgrader autograde in the sandboxed kernel), marked
   ``pipeline``. The sample must give the very same result both ways.
 
@@ -20,7 +27,7 @@ Every catalog also judges the chapter's untouched learner notebook (``Catalog.un
 test lost, each named as not implemented yet. A tampering case is that notebook plus cells
 (``tampered``); the tricks every chapter could be tried with are shared (``common_tampering``).
 
-Points per test come from the chapter's instructor notebook.
+Test ids and points per test come from the chapter (``ChapterInfo``: its instructor notebook).
 """
 from __future__ import annotations
 
@@ -34,13 +41,6 @@ import pytest
 from autograder.chapters import ChapterInfo
 
 
-# Words of a message that only a kernel can give: a time limit, a kernel that died or was stopped.
-# Emulating them in process would cost each looping case its time limits twice, and prove nothing.
-KERNEL_ONLY_WORDS = ("longer than", "did not run", "did not finish")
-# Words of a message the sample also sends through the pipeline, to see it given the same way there.
-PIPELINE_WORDS = ("restored", "memory", "kernel")
-
-
 @dataclasses.dataclass
 class Catalog:
     chapter: str
@@ -48,6 +48,12 @@ class Catalog:
     mistakes: dict  # name -> (notebook, {test_id: words its message must contain}); other tests pass
     independent: dict = dataclasses.field(default_factory=dict)  # as mistakes: an earlier failure costs nothing later
     tampering: dict = dataclasses.field(default_factory=dict)  # name -> notebook: 0 points, no grading error
+    # Mistakes only a kernel shows (a time limit, a dead kernel): judged through the pipeline alone.
+    # Emulating them in process would cost each looping case its time limits twice, and prove nothing.
+    kernel_only: set = dataclasses.field(default_factory=set)
+    # Mistakes judged in process also sent through the pipeline, to see them given the same way there
+    # (a message about the kernel, memory or a restored cell).
+    sampled: set = dataclasses.field(default_factory=set)
 
     @property
     def every_mistake(self) -> dict:
@@ -74,6 +80,13 @@ class Catalog:
                                        {test_id: "not implemented yet" for test_id in ChapterInfo(self.chapter).tests})}
 
     def __post_init__(self):
+        self.kernel_only, self.sampled = set(self.kernel_only), set(self.sampled)
+        unknown = (self.kernel_only | self.sampled) - set(self.every_mistake)
+        if unknown:
+            raise ValueError(f"flagged cases {sorted(unknown)} are not mistakes of the catalog")
+        if self.kernel_only & self.sampled:
+            raise ValueError(f"{sorted(self.kernel_only & self.sampled)}: a kernel-only mistake is not judged "
+                             "in process, so it cannot be sampled")
         for name, (_, expected) in self.every_mistake.items():
             if not expected:
                 raise ValueError(f"mistake {name}: name the tests it loses (else it only checks full marks)")
@@ -82,14 +95,9 @@ class Catalog:
                 raise ValueError(f"mistake {name}: give words its message must contain for {empty} "
                                  "('' is found in every message)")
 
-    def _naming(self, words) -> list[str]:
-        """Mistakes whose expected message names one of ``words``."""
-        return [k for k, (_, expected) in self.every_mistake.items()
-                if any(w in text for text in expected.values() for w in words)]
-
-    def kernel_only(self) -> list[str]:
-        """Mistakes whose expected message names what only a kernel shows: judged through the pipeline alone."""
-        return self._naming(KERNEL_ONLY_WORDS)
+    def kernel_mistakes(self) -> list[str]:
+        """The mistakes flagged ``kernel_only``, in catalog order: judged through the pipeline alone."""
+        return [k for k in self.every_mistake if k in self.kernel_only]
 
     def notebooks(self) -> dict:
         return {**{f"correct:{k}": v for k, v in self.correct.items()},
@@ -99,20 +107,19 @@ class Catalog:
 
     def judged_mistakes(self) -> list[str]:
         """Mistakes judged in process: all but the kernel-only ones."""
-        kernel = self.kernel_only()
-        return [k for k in self.every_mistake if k not in kernel]
+        return [k for k in self.every_mistake if k not in self.kernel_only]
 
     def names(self, kind: str) -> list[str]:
-        return {"correct": list(self.correct), "mistake": self.judged_mistakes(), "kernel": self.kernel_only(),
+        return {"correct": list(self.correct), "mistake": self.judged_mistakes(), "kernel": self.kernel_mistakes(),
                 "tamper": list(self.tampering), "sample": self.sample(), "disguised": list(self.disguised)}[kind]
 
     def sample(self) -> list[str]:
         """Cases of the in-process tier also sent through the real pipeline: the first correct style,
-        the first mistake, and every mistake whose message names the kernel, memory or a restored cell."""
+        the first judged mistake, and every mistake flagged ``sampled``."""
         judged_here = self.judged_mistakes()
-        named = [k for k in self._naming(PIPELINE_WORDS) if k in judged_here]
+        flagged = [k for k in judged_here if k in self.sampled]
         return [f"correct:{k}" for k in list(self.correct)[:1]] + \
-            [f"mistake:{k}" for k in dict.fromkeys(judged_here[:1] + named)]
+            [f"mistake:{k}" for k in dict.fromkeys(judged_here[:1] + flagged)]
 
     def expected_losses(self, name: str) -> dict:
         return self.every_mistake[name][1]
@@ -255,35 +262,6 @@ def _project_digest() -> dict[str, str]:
             for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
-@pytest.fixture(scope="module")
-def judged(request, judge_catalog):
-    """The correct styles and mistakes, judged in process (all but the kernel-only mistakes)."""
-    catalog = request.module.CATALOG
-    kernel = {f"mistake:{k}" for k in catalog.kernel_only()}
-    return judge_catalog({k: v for k, v in catalog.notebooks().items()
-                          if not k.startswith(("tamper:", "disguised:")) and k not in kernel})
-
-
-@pytest.fixture(scope="module")
-def graded(request, grade_catalog):
-    """Tampering, the kernel-only mistakes and the sample, through the real pipeline; with the
-    project's files before and after."""
-    catalog = request.module.CATALOG
-    before = _project_digest()
-    notebooks = catalog.notebooks()
-    # The kernel-only mistakes first: each of their looping cells waits out its time limit, while
-    # the other worker grades the rest.
-    order = [*(f"mistake:{k}" for k in catalog.kernel_only()), *catalog.sample(),
-             *(k for k in notebooks if k.startswith(("tamper:", "disguised:")))]
-    results = grade_catalog({k: notebooks[k] for k in order})
-    return results, before
-
-
-@pytest.fixture(scope="module")
-def test_points(request):
-    return ChapterInfo(request.module.CATALOG.chapter).tests
-
-
 def check_mistake(expected: dict, result: dict, test_points: dict):
     assert "error" not in result, result
     lines = feedback_by_test(result)
@@ -296,48 +274,86 @@ def check_mistake(expected: dict, result: dict, test_points: dict):
             assert f"({points:g}/{points:g}): passed" in lines[test_id], (test_id, lines[test_id])
 
 
-def test_correct_styles_get_full_marks(judged, test_points, correct_case):
-    result = judged[f"correct:{correct_case}"]
-    assert result.get("score") == sum(test_points.values()), result
+class CatalogTests:
+    """The tests every chapter's catalog runs: a chapter's module subclasses this with ``catalog = CATALOG``.
+    Its cases are parametrized by tests/conftest.py (``correct_case``, ``mistake_case``...) from the
+    module's ``CATALOG``, the same object."""
+
+    catalog: Catalog
+
+    @pytest.fixture(scope="class")
+    def judged(self, judge_catalog):
+        """The correct styles and mistakes, judged in process (all but the kernel-only mistakes)."""
+        kernel = {f"mistake:{k}" for k in self.catalog.kernel_only}
+        return judge_catalog({k: v for k, v in self.catalog.notebooks().items()
+                              if not k.startswith(("tamper:", "disguised:")) and k not in kernel})
+
+    @pytest.fixture(scope="class")
+    def graded(self, grade_catalog):
+        """Tampering, the kernel-only mistakes and the sample, through the real pipeline; with the
+        project's files before and after."""
+        before = _project_digest()
+        notebooks = self.catalog.notebooks()
+        # The kernel-only mistakes first: each of their looping cells waits out its time limit, while
+        # the other worker grades the rest.
+        order = [*(f"mistake:{k}" for k in self.catalog.kernel_mistakes()), *self.catalog.sample(),
+                 *(k for k in notebooks if k.startswith(("tamper:", "disguised:")))]
+        results = grade_catalog({k: notebooks[k] for k in order})
+        return results, before
+
+    @pytest.fixture(scope="class")
+    def test_points(self):
+        return ChapterInfo(self.catalog.chapter).tests
+
+    def test_correct_styles_get_full_marks(self, judged, test_points, correct_case):
+        """A correct style, however written, gets every point."""
+        result = judged[f"correct:{correct_case}"]
+        assert result.get("score") == sum(test_points.values()), result
+
+    def test_mistakes_lose_exactly_their_points_with_a_named_reason(self, judged, test_points, mistake_case):
+        """A mistake judged in process loses its own tests, each with the words it names; the others pass."""
+        check_mistake(self.catalog.expected_losses(mistake_case), judged[f"mistake:{mistake_case}"], test_points)
+
+    def test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason(self, graded, test_points,
+                                                                               kernel_case):
+        """A looping call or a dead kernel, as the sandboxed kernel meets it: only its own tests lose."""
+        check_mistake(self.catalog.expected_losses(kernel_case), graded[0][f"mistake:{kernel_case}"], test_points)
+
+    def test_tampering_gains_nothing(self, graded, tamper_case):
+        """A trick without a solution scores 0 and breaks no grading."""
+        result = graded[0][f"tamper:{tamper_case}"]
+        assert "error" not in result, result
+        assert result["score"] == 0.0, result
+
+    def test_patched_comparisons_hide_no_mistake(self, graded, test_points, disguised_case):
+        """A mistake graded in a kernel whose comparisons say "equal" to anything loses what it loses alone."""
+        _, base = self.catalog.disguised[disguised_case]
+        check_mistake(self.catalog.expected_losses(base), graded[0][f"disguised:{disguised_case}"], test_points)
+
+    def test_the_real_pipeline_gives_the_in_process_result(self, graded, judged, sample_case):
+        """Same scores, same feedback lines: the in-process tier judges what the kernel would return."""
+        assert graded[0][sample_case] == judged[sample_case]
+
+    def test_grading_changes_no_file_of_the_project(self, graded):
+        """After this chapter's tampering cases ran (whatever order the tests run in)."""
+        before, after = graded[1], _project_digest()
+        assert sorted(p for p in {*before, *after} if before.get(p) != after.get(p)) == []
 
 
-def test_mistakes_lose_exactly_their_points_with_a_named_reason(request, judged, test_points, mistake_case):
-    check_mistake(request.module.CATALOG.expected_losses(mistake_case), judged[f"mistake:{mistake_case}"],
-                  test_points)
+# Small helpers every catalog writes its answers with.
+def submitter(chapter: str):
+    """``sub(answers=None, **kwargs)``: a notebook of CHAPTER with ``answers`` in place of the reference's
+    (``support.submission``)."""
+    from support import submission
+    return functools.partial(submission, chapter=chapter)
 
 
-def test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason(request, graded, test_points,
-                                                                           kernel_case):
-    """A looping call or a dead kernel, as the sandboxed kernel meets it: only its own tests lose."""
-    check_mistake(request.module.CATALOG.expected_losses(kernel_case), graded[0][f"mistake:{kernel_case}"],
-                  test_points)
+def body(code: str, indent: int = 8) -> str:
+    """``code`` as the body of a method (``indent`` 8) or of a function (4)."""
+    import textwrap
+    return textwrap.indent(textwrap.dedent(code).strip(), " " * indent) + "\n"
 
 
-def test_tampering_gains_nothing(graded, tamper_case):
-    result = graded[0][f"tamper:{tamper_case}"]
-    assert "error" not in result, result
-    assert result["score"] == 0.0, result
-
-
-def test_patched_comparisons_hide_no_mistake(request, graded, test_points, disguised_case):
-    """A mistake graded in a kernel whose comparisons say "equal" to anything loses what it loses alone."""
-    _, base = request.module.CATALOG.disguised[disguised_case]
-    check_mistake(request.module.CATALOG.expected_losses(base), graded[0][f"disguised:{disguised_case}"], test_points)
-
-
-def test_the_real_pipeline_gives_the_in_process_result(graded, judged, sample_case):
-    """Same scores, same feedback lines: the in-process tier judges what the kernel would return."""
-    assert graded[0][sample_case] == judged[sample_case]
-
-
-def test_grading_changes_no_file_of_the_project(graded):
-    """After this chapter's tampering cases ran (whatever order the tests run in)."""
-    before, after = graded[1], _project_digest()
-    assert sorted(p for p in {*before, *after} if before.get(p) != after.get(p)) == []
-
-
-__all__ = ["graded", "judged", "test_points", "test_correct_styles_get_full_marks",
-           "test_mistakes_lose_exactly_their_points_with_a_named_reason",
-           "test_kernel_only_mistakes_lose_exactly_their_points_with_a_named_reason", "test_tampering_gains_nothing",
-           "test_patched_comparisons_hide_no_mistake",
-           "test_the_real_pipeline_gives_the_in_process_result", "test_grading_changes_no_file_of_the_project"]
+def fn(signature: str, code: str) -> str:
+    """A function ``def SIGNATURE:`` whose body is ``code``."""
+    return f"def {signature}:\n" + body(code, 4)

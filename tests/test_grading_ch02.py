@@ -10,18 +10,14 @@ from __future__ import annotations
 import textwrap
 
 
-from catalog import Catalog, tampered, common_tampering
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, common_tampering, tampered, with_body
 from support import ROOT, submission
 
 CHAPTER = "02_self_attention"
-ALL_TESTS = [
-    "test_scaled_dot_product_attention_worked_example", "test_scaled_dot_product_attention_shapes",
-    "test_scaled_dot_product_attention_values", "test_scaled_dot_product_attention_mask",
-    "test_causal_mask", "test_padding_mask", "test_SelfAttention_shapes", "test_SelfAttention_values",
-    "test_SelfAttention_mask", "test_SelfAttention_gradients",
-]
-SDPA_TESTS = ALL_TESTS[:4]
-SA_TESTS = ALL_TESTS[6:]
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
+SDPA_TESTS = [t for t in ALL_TESTS if t.startswith("test_scaled_dot_product_attention")]
+SA_TESTS = [t for t in ALL_TESTS if t.startswith("test_SelfAttention")]
 
 
 def sdpa(body: str) -> str:
@@ -30,17 +26,8 @@ def sdpa(body: str) -> str:
 
 
 def self_attention(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class SelfAttention(nn.Module):
-            def __init__(self, d_model, d_k, d_v):
-                super().__init__()
-                self.d_k = d_k
-                self.W_q = nn.Linear(d_model, d_k)
-                self.W_k = nn.Linear(d_model, d_k)
-                self.W_v = nn.Linear(d_model, d_v)
-
-            def forward(self, x, mask=None):
-        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+    """SelfAttention as the chapter gives it (its __init__), with ``forward_body`` as the learner's forward."""
+    return with_body(CHAPTER, "SelfAttention", "SelfAttention.forward", forward_body)
 
 
 # ------------------------------------------------------------------ correct, other styles
@@ -279,6 +266,9 @@ TAMPERING_AFTER_STUBS = {
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
                   tampering={**common_tampering(CHAPTER), **{k: tampered(CHAPTER, v) for k, v in TAMPERING.items()},
-                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}},
+                  kernel_only={"looping_sdpa", "kernel_exits_before_self_attention"})
 
-from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG
+
+class TestCatalog(CatalogTests):
+    catalog = CATALOG

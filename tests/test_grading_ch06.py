@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, common_tampering, replaced, tampered, with_body
+from catalog import Catalog, CatalogTests, common_tampering, replaced, tampered, with_body
 from support import submission
 
 CHAPTER = "06_efficient_attention"
@@ -496,6 +496,9 @@ TAMPERING_AFTER_STUBS = {
 
 CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEPENDENT,
                   tampering={**common_tampering(CHAPTER),
-                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}})
+                             **{k: tampered(CHAPTER, after_stubs=v) for k, v in TAMPERING_AFTER_STUBS.items()}},
+                  kernel_only={"kernel_exits_before_gqa", "looping_lsh_hash"})
 
-from catalog import *  # noqa: E402,F401,F403 - the catalog's tests, run on CATALOG
+
+class TestCatalog(CatalogTests):
+    catalog = CATALOG
