@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import textwrap
 
-
-from catalog import Catalog, CatalogTests, common_tampering, tampered
-from support import submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, common_tampering, submitter, tampered, with_body
 
 CHAPTER = "01_bahdanau_attention"
-MS_TESTS = ["test_masked_softmax_no_mask", "test_masked_softmax_mask", "test_masked_softmax_gradients"]
-DOT_TESTS = ["test_dot_score_values", "test_dot_score_batch"]
-AA_TESTS = ["test_AdditiveAttention_shapes", "test_AdditiveAttention_values", "test_AdditiveAttention_mask"]
-BD_TESTS = ["test_BahdanauDecoder_shapes", "test_BahdanauDecoder_step", "test_BahdanauDecoder_mask"]
-ALL_TESTS = MS_TESTS + DOT_TESTS + AA_TESTS + BD_TESTS
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
+MS_TESTS = [t for t in ALL_TESTS if t.startswith("test_masked_softmax")]
+DOT_TESTS = [t for t in ALL_TESTS if t.startswith("test_dot_score")]
+AA_TESTS = [t for t in ALL_TESTS if t.startswith("test_AdditiveAttention")]
+BD_TESTS = [t for t in ALL_TESTS if t.startswith("test_BahdanauDecoder")]
 
 
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 def masked_softmax(body: str) -> str:
@@ -34,30 +32,13 @@ def dot_score(body: str) -> str:
 
 
 def additive(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class AdditiveAttention(nn.Module):
-            def __init__(self, query_dim, key_dim, hidden_dim):
-                super().__init__()
-                self.W_a = nn.Linear(query_dim, hidden_dim, bias=False)
-                self.U_a = nn.Linear(key_dim, hidden_dim, bias=False)
-                self.v_a = nn.Linear(hidden_dim, 1, bias=False)
-
-            def forward(self, query, keys, values, mask=None):
-        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+    """AdditiveAttention as the chapter gives it (its __init__), with ``forward_body`` as the learner's forward."""
+    return with_body(CHAPTER, "AdditiveAttention", "AdditiveAttention.forward", forward_body)
 
 
 def decoder(step_body: str) -> str:
-    return textwrap.dedent('''
-        class BahdanauDecoder(nn.Module):
-            def __init__(self, vocab_size, embed_dim, enc_dim, hidden_dim, attn_dim):
-                super().__init__()
-                self.embedding = nn.Embedding(vocab_size, embed_dim)
-                self.attention = AdditiveAttention(hidden_dim, enc_dim, attn_dim)
-                self.gru = nn.GRUCell(embed_dim + enc_dim, hidden_dim)
-                self.out = nn.Linear(hidden_dim + enc_dim, vocab_size)
-
-            def forward_step(self, token, state, enc_outputs, enc_mask=None):
-        ''') + textwrap.indent(textwrap.dedent(step_body).strip(), " " * 8) + "\n"
+    """BahdanauDecoder as the chapter gives it (its __init__), with ``step_body`` as the learner's forward_step."""
+    return with_body(CHAPTER, "BahdanauDecoder", "BahdanauDecoder.forward_step", step_body)
 
 
 def additive_with(score_line: str, softmax_line="weights = masked_softmax(scores, mask)",

@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import textwrap
 
-
-from catalog import Catalog, CatalogTests, common_tampering, tampered
-from support import submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, common_tampering, submitter, tampered, with_body
 
 CHAPTER = "03_multi_head_attention"
-POINTS = {
-    "test_split_heads": 1, "test_merge_heads": 1, "test_MultiHeadAttention_shapes": 1,
-    "test_MultiHeadAttention_values": 2, "test_MultiHeadAttention_heads": 1,
-    "test_MultiHeadAttention_cross_attention": 1, "test_MultiHeadAttention_causal_mask": 1,
-    "test_MultiHeadAttention_padding_mask": 1, "test_MultiHeadAttention_gradients": 1,
-}
-ALL_TESTS = list(POINTS)
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
 MHA_TESTS = [t for t in ALL_TESTS if t.startswith("test_MultiHeadAttention")]
 
 
@@ -33,25 +26,11 @@ def merge(body: str) -> str:
 
 
 def mha(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class MultiHeadAttention(nn.Module):
-            def __init__(self, d_model, num_heads):
-                super().__init__()
-                assert d_model % num_heads == 0
-                self.num_heads = num_heads
-                self.d_k = d_model // num_heads
-                self.W_q = nn.Linear(d_model, d_model)
-                self.W_k = nn.Linear(d_model, d_model)
-                self.W_v = nn.Linear(d_model, d_model)
-                self.W_o = nn.Linear(d_model, d_model)
-
-            def forward(self, query, key, value, mask=None):
-        ''') + textwrap.indent(textwrap.dedent(forward_body).strip(), " " * 8) + "\n"
+    """MultiHeadAttention as the chapter gives it (its __init__), with ``forward_body`` as the learner's forward."""
+    return with_body(CHAPTER, "MultiHeadAttention", "MultiHeadAttention.forward", forward_body)
 
 
-
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 # The seed article's style: view + transpose inline, -1e9 fill with mask == 0, contiguous().view.

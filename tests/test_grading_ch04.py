@@ -7,27 +7,16 @@ the given message fragment, and passes every other test.
 """
 from __future__ import annotations
 
-import textwrap
-
-
-from catalog import Catalog, CatalogTests, common_tampering, tampered
-from support import ROOT, submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, common_tampering, fn, submitter, tampered
+from support import ROOT
 
 CHAPTER = "04_positional_encoding"
-ALL_TESTS = [
-    "test_sinusoidal_encoding_values", "test_sinusoidal_encoding_shapes", "test_sinusoidal_encoding_long",
-    "test_relative_position_matrix_values", "test_relative_position_matrix_every_pos",
-    "test_apply_rope_values", "test_apply_rope_batch_dims", "test_apply_rope_relative",
-    "test_alibi_bias_values", "test_alibi_bias_slopes",
-]
-PE_TESTS = ALL_TESTS[:3]
-REL_TESTS = ALL_TESTS[3:5]
-ROPE_TESTS = ALL_TESTS[5:8]
-ALIBI_TESTS = ALL_TESTS[8:]
-
-
-def fn(signature: str, body: str) -> str:
-    return f"def {signature}:\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n"
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
+PE_TESTS = [t for t in ALL_TESTS if t.startswith("test_sinusoidal_encoding")]
+REL_TESTS = [t for t in ALL_TESTS if t.startswith("test_relative_position_matrix")]
+ROPE_TESTS = [t for t in ALL_TESTS if t.startswith("test_apply_rope")]
+ALIBI_TESTS = [t for t in ALL_TESTS if t.startswith("test_alibi_bias")]
 
 
 def pe(body):
@@ -47,8 +36,7 @@ def alibi(body):
 
 
 
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 # relative_position_matrix from the learner's own sinusoidal_encoding: PE[1] = (sin w_i, cos w_i).

@@ -7,30 +7,17 @@ the given message fragment, and passes every other test.
 """
 from __future__ import annotations
 
-import textwrap
-
-from catalog import Catalog, CatalogTests, common_tampering, tampered, with_body, with_methods
-from support import submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, body, common_tampering, submitter, tampered, with_body, with_methods
 
 CHAPTER = "05_transformer"
-POINTS = {
-    "test_FeedForward": 2, "test_EncoderLayer_post_ln": 2, "test_EncoderLayer_pre_ln": 1,
-    "test_EncoderLayer_mask": 1, "test_DecoderLayer_post_ln": 1, "test_DecoderLayer_pre_ln": 1,
-    "test_DecoderLayer_masks": 2, "test_Transformer_encode": 1, "test_Transformer_decode": 1,
-    "test_Transformer_forward": 1, "test_greedy_decode": 3,
-}
-ALL_TESTS = list(POINTS)
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
 ENC_TESTS = [t for t in ALL_TESTS if t.startswith("test_EncoderLayer")]
 DEC_TESTS = [t for t in ALL_TESTS if t.startswith("test_DecoderLayer")]
 TR_TESTS = [t for t in ALL_TESTS if t.startswith("test_Transformer")]
 
 
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
-
-
-def body(text: str, indent: int = 8) -> str:
-    return textwrap.indent(textwrap.dedent(text).strip(), " " * indent) + "\n"
+sub = submitter(CHAPTER)
 
 
 def ffn(forward: str, extra: str = "") -> str:

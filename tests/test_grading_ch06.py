@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, CatalogTests, common_tampering, replaced, tampered, with_body
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, common_tampering, replaced, submitter, tampered, with_body
 from support import submission
 
 CHAPTER = "06_efficient_attention"
-POINTS = {
-    "test_local_attention_mask_window": 1, "test_local_attention_mask_causal": 1,
-    "test_local_attention_mask_global": 1,
-    "test_linformer_attention_values": 2, "test_linformer_attention_sequence_axis": 1,
-    "test_linear_attention_values": 1, "test_linear_attention_causal": 2, "test_linear_attention_memory": 1,
-    "test_performer_features_values": 2, "test_lsh_hash_values": 2,
-    "test_flash_attention_values": 2, "test_flash_attention_causal": 1, "test_flash_attention_stability": 1,
-    "test_flash_attention_memory": 1,
-    "test_GroupedQueryAttention_values": 2, "test_GroupedQueryAttention_mha_mqa": 1,
-    "test_GroupedQueryAttention_mask": 1, "test_GroupedQueryAttention_gradients": 1,
-}
-ALL_TESTS = list(POINTS)
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
 LOCAL_TESTS = [t for t in ALL_TESTS if t.startswith("test_local")]
 LINFORMER_TESTS = [t for t in ALL_TESTS if t.startswith("test_linformer")]
 LINEAR_TESTS = [t for t in ALL_TESTS if t.startswith("test_linear_")]
@@ -69,8 +59,7 @@ def gqa_with(old: str, new: str) -> str:
     return gqa(replaced(GQA_BODY, old, new))
 
 
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 # ------------------------------------------------------------------ correct, other styles

@@ -8,75 +8,38 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, CatalogTests, common_tampering
-from support import submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, body, common_tampering, fn, submitter, with_body
 
 CHAPTER = "07_gpt"
-POINTS = {
-    "test_CausalSelfAttention_shapes": 1, "test_CausalSelfAttention_no_cache": 2,
-    "test_CausalSelfAttention_cache": 3, "test_Block": 2, "test_GPT_no_cache": 2, "test_GPT_cache": 2,
-    "test_filter_logits_top_k": 1, "test_filter_logits_top_p": 2, "test_generate": 2,
-    "test_load_gpt2_weights": 2,
-}
-CSA_TESTS = [t for t in POINTS if t.startswith("test_CausalSelfAttention")]
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
+CSA_TESTS = [t for t in ALL_TESTS if t.startswith("test_CausalSelfAttention")]
 CSA_VALUES = ["test_CausalSelfAttention_no_cache", "test_CausalSelfAttention_cache"]  # the shapes test: shapes only
 GPT_TESTS = ["test_GPT_no_cache", "test_GPT_cache"]
 FILTER_TESTS = ["test_filter_logits_top_k", "test_filter_logits_top_p"]
 
 
-def body(code: str, indent=8) -> str:
-    return textwrap.indent(textwrap.dedent(code).strip(), " " * indent) + "\n"
-
-
 def csa(forward_body: str, extra_init: str = "") -> str:
-    return textwrap.dedent('''
-        class CausalSelfAttention(nn.Module):
-            def __init__(self, d_model, num_heads):
-                super().__init__()
-                assert d_model % num_heads == 0
-                self.num_heads = num_heads
-                self.c_attn = nn.Linear(d_model, 3 * d_model)
-                self.c_proj = nn.Linear(d_model, d_model)
-        ''') + body(extra_init) + "\n    def forward(self, x, past=None):\n" + body(forward_body)
+    """CausalSelfAttention as the chapter gives it (its __init__, plus the ``extra_init`` lines a learner
+    added at its end), with ``forward_body`` as the learner's forward."""
+    source = with_body(CHAPTER, "CausalSelfAttention", "CausalSelfAttention.forward", forward_body)
+    if not extra_init:
+        return source
+    last_given = source.index("\n", source.index("self.c_proj = nn.Linear(d_model, d_model)")) + 1
+    return source[:last_given] + body(extra_init) + source[last_given:]
 
 
 def block(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class Block(nn.Module):
-            def __init__(self, d_model, num_heads):
-                super().__init__()
-                self.ln_1 = nn.LayerNorm(d_model)
-                self.attn = CausalSelfAttention(d_model, num_heads)
-                self.ln_2 = nn.LayerNorm(d_model)
-                self.mlp = MLP(d_model)
-
-            def forward(self, x, past=None):
-        ''') + body(forward_body)
+    """Block as the chapter gives it (its __init__), with ``forward_body`` as the learner's forward."""
+    return with_body(CHAPTER, "Block", "Block.forward", forward_body)
 
 
 def gpt(forward_body: str) -> str:
-    return textwrap.dedent('''
-        class GPT(nn.Module):
-            def __init__(self, vocab_size, max_len, d_model, num_heads, num_layers):
-                super().__init__()
-                self.max_len = max_len
-                self.wte = nn.Embedding(vocab_size, d_model)
-                self.wpe = nn.Embedding(max_len, d_model)
-                self.blocks = nn.ModuleList(Block(d_model, num_heads) for _ in range(num_layers))
-                self.ln_f = nn.LayerNorm(d_model)
-                self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-                self.lm_head.weight = self.wte.weight
-
-            def forward(self, idx, past=None):
-        ''') + body(forward_body)
+    """GPT as the chapter gives it (its __init__), with ``forward_body`` as the learner's forward."""
+    return with_body(CHAPTER, "GPT", "GPT.forward", forward_body)
 
 
-def fn(signature: str, code: str) -> str:
-    return f"def {signature}:\n" + body(code, 4)
-
-
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 FILTER_SIG = "filter_logits(logits, top_k=None, top_p=None)"

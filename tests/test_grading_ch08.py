@@ -9,27 +9,14 @@ from __future__ import annotations
 
 import textwrap
 
-from catalog import Catalog, CatalogTests, common_tampering, with_methods
-from support import submission
+from autograder.chapters import ChapterInfo
+from catalog import Catalog, CatalogTests, body, common_tampering, fn, submitter, with_methods
 
 CHAPTER = "08_modern_attention"
-POINTS = {
-    "test_RMSNorm": 2, "test_apply_rope_halves": 2, "test_ModernAttention_no_cache": 3, "test_ModernAttention_cache": 2,
-    "test_SwiGLU": 2, "test_MultiHeadLatentAttention_cache": 2, "test_MultiHeadLatentAttention_values": 3,
-    "test_MultiHeadLatentAttention_absorb": 2, "test_sliding_window_mask": 2, "test_evict_to_sinks": 2,
-    "test_paged_attention": 3,
-}
+ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
 ATTN_TESTS = ["test_ModernAttention_no_cache", "test_ModernAttention_cache"]
 MLA_TESTS = ["test_MultiHeadLatentAttention_cache", "test_MultiHeadLatentAttention_values",
              "test_MultiHeadLatentAttention_absorb"]
-
-
-def body(code: str, indent=8) -> str:
-    return textwrap.indent(textwrap.dedent(code).strip(), " " * indent) + "\n"
-
-
-def fn(signature: str, code: str) -> str:
-    return f"def {signature}:\n" + body(code, 4)
 
 
 def given(exercise: str, signature: str, forward_body: str, methods: str = "") -> str:
@@ -55,8 +42,7 @@ def mla(forward_body: str) -> str:
     return given("MultiHeadLatentAttention", "forward(self, x, past=None, absorb=False)", forward_body)
 
 
-def sub(answers=None, **kwargs):
-    return submission(answers, chapter=CHAPTER, **kwargs)
+sub = submitter(CHAPTER)
 
 
 ROPE_SIG = "apply_rope_halves(x, positions, base=10000.0)"
