@@ -357,3 +357,13 @@ def body(code: str, indent: int = 8) -> str:
 def fn(signature: str, code: str) -> str:
     """A function ``def SIGNATURE:`` whose body is ``code``."""
     return f"def {signature}:\n" + body(code, 4)
+
+
+def others_stubbed(chapter: str, answers: dict, losses: dict) -> tuple:
+    """``answers`` with every other exercise of CHAPTER left as its stub: (notebook, ``losses`` plus
+    "not implemented yet" for each test of a stubbed exercise). An independence case: the stubs cost
+    their own tests, and the answers lose exactly what they lose beside the reference."""
+    from support import submission
+    info = ChapterInfo(chapter)
+    stubs = {t: "not implemented yet" for t in info.tests if info.exercise_of(t) not in answers}
+    return submission(answers, base="stub", chapter=chapter), {**stubs, **losses}

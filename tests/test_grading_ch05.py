@@ -8,7 +8,7 @@ the given message fragment, and passes every other test.
 from __future__ import annotations
 
 from autograder.chapters import ChapterInfo
-from catalog import Catalog, CatalogTests, body, common_tampering, submitter, tampered, with_body, with_methods
+from catalog import Catalog, CatalogTests, body, common_tampering, others_stubbed, submitter, tampered, with_body, with_methods
 
 CHAPTER = "05_transformer"
 ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
@@ -537,10 +537,7 @@ INDEPENDENT = {
 
 def alone(case: str) -> tuple:
     """A catalog case's answers with every other exercise left as its stub: the same losses, plus the stubs'."""
-    notebook_answers, losses = ALONE_ANSWERS[case]
-    expected = {t: "not implemented yet" for t in ALL_TESTS
-                if not any(t.startswith(f"test_{name}") for name in notebook_answers)}
-    return sub(notebook_answers, base="stub"), {**expected, **losses}
+    return others_stubbed(CHAPTER, *ALONE_ANSWERS[case])
 
 
 ALONE_ANSWERS = {

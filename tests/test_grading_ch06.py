@@ -10,8 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from autograder.chapters import ChapterInfo
-from catalog import Catalog, CatalogTests, common_tampering, replaced, submitter, tampered, with_body
-from support import submission
+from catalog import Catalog, CatalogTests, common_tampering, others_stubbed, replaced, submitter, tampered, with_body
 
 CHAPTER = "06_efficient_attention"
 ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
@@ -466,8 +465,7 @@ def alone(mistake: str, exercise: str) -> tuple:
     notebook, losses = MISTAKES[mistake]
     answer = next(c.source for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                   == exercise)
-    stubs = {t: "not implemented yet" for t in ALL_TESTS if not t.startswith(f"test_{exercise}")}
-    return submission({exercise: answer}, base="stub", chapter=CHAPTER), {**stubs, **losses}
+    return others_stubbed(CHAPTER, {exercise: answer}, losses)
 
 
 INDEPENDENT.update({

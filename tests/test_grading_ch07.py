@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from autograder.chapters import ChapterInfo
-from catalog import Catalog, CatalogTests, body, common_tampering, fn, submitter, with_body
+from catalog import Catalog, CatalogTests, body, common_tampering, fn, others_stubbed, submitter, with_body
 
 CHAPTER = "07_gpt"
 ALL_TESTS = list(ChapterInfo(CHAPTER).tests)
@@ -504,14 +504,11 @@ MISTAKES = {
 
 # ------------------------------------------------------------------ independence
 STUB_CSA = csa("raise NotImplementedError()")
-EXERCISES = {"CausalSelfAttention": CSA_TESTS, "Block": ["test_Block"], "GPT": GPT_TESTS, "filter_logits": FILTER_TESTS,
-             "generate": ["test_generate"], "load_gpt2_weights": ["test_load_gpt2_weights"]}
 
 
 def alone(exercise: str, code: str, losses: dict) -> tuple:
     """The mistake with every other exercise left as its stub: it loses the same tests, the stubs theirs."""
-    stubs = {t: "not implemented yet" for name, tests in EXERCISES.items() if name != exercise for t in tests}
-    return sub({exercise: code}, base="stub"), {**stubs, **losses}
+    return others_stubbed(CHAPTER, {exercise: code}, losses)
 
 INDEPENDENT = {
     # A broken attention costs nothing in Block, GPT or generate, which use it.
