@@ -155,7 +155,7 @@ def missing_catalog(chapter: str) -> list[str]:
     if not path.exists():
         return [f"chapter {chapter}: write {path.relative_to(ROOT)}: CHAPTER = {chapter!r}, CATALOG = "
                 "Catalog(CHAPTER, correct=..., mistakes=..., independent=..., tampering=...) and "
-                "`from catalog import *` (tests/catalog.py)"]
+                "`class TestCatalog(CatalogTests): catalog = CATALOG` (tests/catalog.py)"]
     declared = _assigned(path, "CHAPTER")
     if not (isinstance(declared, ast.Constant) and declared.value == chapter):
         return [f"chapter {chapter}: {path.relative_to(ROOT)} must set CHAPTER = {chapter!r}"]
