@@ -54,10 +54,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# %% [include 03_multi_head_attention:given_attention]
+def attention(query, key, value, mask=None):
+    """Given (Chapter 2): softmax(query @ key^T / sqrt(d_k)) @ value, the N_q x N_k way.
 
-# %% [export]
-attention = scaled_dot_product_attention  # this chapter's name for it: the naive N_q x N_k way, which builds P
+    query (..., N_q, d_k), key (..., N_k, d_k), value (..., N_k, d_v); mask: bool,
+    broadcastable to (..., N_q, N_k), True = may attend.
+    Returns (output (..., N_q, d_v), weights (..., N_q, N_k)).
+    """
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (..., N_q, N_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ value, weights
 
 
 # %%
