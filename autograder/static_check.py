@@ -169,10 +169,19 @@ def installed(module: str) -> bool:
         os.path.realpath(p).startswith(tuple(prefixes)) for p in places if p)
 
 
+# A finding's kind, the numbered kinds of this module's docstring: a built-in named outright (1), a
+# way to reach one (2), tampering (3; costs every from-scratch exercise, wherever it is).
+BUILT_IN, REACH, TAMPER = "built-in", "reach", "tamper"
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     text: str            # "uses torch.nn.functional.scaled_dot_product_attention", ...
-    tamper: bool = False  # kind 3: costs every from-scratch exercise, wherever it is
+    kind: str = REACH
+
+    @property
+    def tamper(self) -> bool:
+        return self.kind == TAMPER
 
 
 class _Finder(ast.NodeVisitor):
@@ -186,14 +195,14 @@ class _Finder(ast.NodeVisitor):
         self.called: set[int] = set()   # Name nodes in call position
         self.findings: list[Finding] = []
 
-    def hit(self, what, tamper=False):
+    def hit(self, what, tamper=False, built_in=False):
         key = what.split(" (")[0]
         for i, f in enumerate(self.findings):
             if f.text.split(" (")[0] == key:
                 if tamper and not f.tamper:
-                    self.findings[i] = Finding(f.text, True)
+                    self.findings[i] = Finding(f.text, TAMPER)
                 return
-        self.findings.append(Finding(what, tamper))
+        self.findings.append(Finding(what, TAMPER if tamper else BUILT_IN if built_in else REACH))
 
     def visit_FunctionDef(self, node):
         if node.name in ("__torch_function__", "__torch_dispatch__"):
@@ -226,7 +235,7 @@ class _Finder(ast.NodeVisitor):
         names = [a.name for a in node.names]
         banned = next((n for n in names if n in BANNED_ATTRIBUTES), None)
         if banned:
-            self.hit(msg("uses {name}", name=_builtin_name(banned)))
+            self.hit(msg("uses {name}", name=_builtin_name(banned)), built_in=True)
         if top == "torch":
             for part in module.split(".")[1:]:
                 self._torch_part(part, module)
@@ -266,7 +275,7 @@ class _Finder(ast.NodeVisitor):
     def visit_Attribute(self, node):
         attr = node.attr
         if attr in BANNED_ATTRIBUTES:
-            self.hit(msg("uses {name}", name=_builtin_name(attr)))
+            self.hit(msg("uses {name}", name=_builtin_name(attr)), built_in=True)
         root = _root(node)
         if root in self.torch_names:
             parts = _chain(node).split(".")[1:]
@@ -328,7 +337,7 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Constant(self, node):
         if isinstance(node.value, str) and node.value in BANNED_ATTRIBUTES:
-            self.hit(msg("uses {name}", name=_builtin_name(node.value)))
+            self.hit(msg("uses {name}", name=_builtin_name(node.value)), built_in=True)
         elif isinstance(node.value, str) and node.value in GRADER_MODULES:
             self.hit(msg("reaches {what}", what=node.value), tamper=True)
 
@@ -342,7 +351,7 @@ class _Finder(ast.NodeVisitor):
         text = _folded(node)
         banned = next((b for b in sorted(BANNED_ATTRIBUTES) if len(b) > 5 and b in (text or "")), None)
         if banned:
-            self.hit(msg("uses {name} (its name assembled from pieces)", name=_builtin_name(banned)))
+            self.hit(msg("uses {name} (its name assembled from pieces)", name=_builtin_name(banned)), built_in=True)
         grader = next((g for g in sorted(GRADER_MODULES) if g in (text or "")), None)
         if grader and not isinstance(node, ast.Constant):
             self.hit(msg("reaches {what}", what=grader), tamper=True)
@@ -354,7 +363,7 @@ def _described(findings: list[Finding]) -> str | None:
     """One line for a list of findings: the built-in first when there is one, then what else."""
     if not findings:
         return None
-    texts = sorted((f.text for f in findings), key=lambda f: not f.startswith("uses "))
+    texts = [f.text for f in sorted(findings, key=lambda f: f.kind != BUILT_IN)]
     return texts[0] if len(texts) == 1 else msg("{first} and {second}", first=texts[0], second=texts[1])
 
 
@@ -880,7 +889,7 @@ class _Program:
     def _star_findings(self, s: _Statement, name: str) -> list[Finding]:
         top = s.star.split(".")[0]
         if top == "torch":
-            return [Finding(msg("uses {name}", name=_builtin_name(name)))] if name in BANNED_ATTRIBUTES else []
+            return [Finding(msg("uses {name}", name=_builtin_name(name)), BUILT_IN)] if name in BANNED_ATTRIBUTES else []
         if s.star.startswith(".") or not installed(top):
             return [Finding(msg("imports {name}, which this environment does not install (code the check "
                                 "cannot read)", name=s.star))]
