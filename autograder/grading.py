@@ -138,7 +138,7 @@ def _autograde_failure(result: dict) -> str:
 def _grade_in(work, kernel, nb, info, student, feedback, keep_course):
     from .session import GradingSession
 
-    session = GradingSession(info, kernel.exchange, work / "private", kernel)
+    session = GradingSession.in_kernel(info, kernel.exchange, work / "private", kernel)
     try:
         return _graded(session, work, kernel, nb, info, student, feedback, keep_course)
     finally:

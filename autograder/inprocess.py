@@ -1,23 +1,46 @@
-"""A hidden test's calls run in this process, by the kernel's own routine (``sandboxed.probe.call_one``).
+"""A hidden test's calls run in this process, by the kernel's own routines (``sandboxed.probe``).
 
 For the grader's tools on trusted code only (the reference and its mutants in the mutation
 benchmark, the protocol tests, the in-process tier of the course's own catalogs), never for
 a submission: those run in the sandboxed kernel. Each call goes the whole way the wire goes,
-in memory: encoded as the grader encodes it (``wire.encode_call``), through JSON and the
-``.npy`` format an ``.npz`` holds, called by ``call_one``, and its result back the same way,
-decoded as the grader decodes it (``wire.decode_result``). So what the judge reads here is
-what it would read from the kernel.
+in memory: encoded as the grader encodes it (``session.encode_calls``), through JSON and the
+``.npy`` format an ``.npz`` holds, called by ``call_all`` (``call_one`` of each probe), and its
+result back the same way, decoded as the grader decodes it (``wire.decode_result``). So what
+the judge reads here is what it would read from the kernel. A notebook graded here has the
+session a kernel's grading has (``session.GradingSession``), on the route ``InProcessRoute``.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import json
+import linecache
+import os
+import pickle
+import signal
+import sys
+import types
 
+import nbformat
 import numpy as np
+import torch
+
+from coursekit import conventions as C
 
 from . import settings
+from .judge import reference
+from .judge.cells import judge
+from .peak_memory import ThisProcess
+from .report import Report
 from .sandboxed import probe as kernel_side
 from .sandboxed import wire
+from .session import GradingSession, Route, with_model_calls
+from .standins import Answerer, LocalClient
+from .static_check import static_builtin_use, substituted_dependencies
+from .submission import load, repaired
+
+IN_PROCESS = "in-process"  # the stand-ins' address: answered here (``standins.LocalClient``)
 
 
 def _through_npz(arrays: dict) -> dict:
@@ -32,48 +55,95 @@ def _through_npz(arrays: dict) -> dict:
     return back
 
 
+def all_deps(probes) -> frozenset[str]:
+    """Every dependency of a test's probes: those stood in for once every one's tests have run."""
+    return frozenset(d for probe in probes for d in probe.deps)
+
+
+class InProcessRoute(Route):
+    """A test's calls made in this process by the kernel's own routines, when its cell calls
+    ``attn_probe.run`` (``run`` stands in for it); given exercises and model arguments answered
+    here (``standins.LocalClient``), through the same frames as across the exchange. Memory is
+    read on this process around the calls alone: a visible check of the same cell may reset
+    this process's counters (the chapters' ``peak_memory`` does)."""
+
+    address = IN_PROCESS
+
+    def __init__(self, hidden, meter=None):
+        super().__init__(hidden, meter)
+        self.answerer = Answerer(hidden)
+        self.made: dict = {}  # (test id, dependencies substituted) -> its calls as sent, made beforehand
+        self.prepared = False  # made ready for notebooks (``prepared_session``), none run yet
+        self.timed_out: list[str] = []  # tests in which a call ran past its time limit
+        self._inputs: dict = {}  # the test whose cell runs -> its calls as sent, and its probes
+        self._results: dict = {}
+        self._records: dict = {}
+
+    def calls(self, probes, substituted, time_limit=None) -> tuple[list[dict], dict, list[str]]:
+        """The calls and their arrays as the kernel reads them (encoded, then through JSON and
+        the ``.npy`` format), and the dependencies stood in for."""
+        calls, arrays, used = super().calls(probes, set(substituted))
+        if time_limit is not None:
+            for call in calls:
+                call["time_limit"] = time_limit
+        return json.loads(json.dumps(calls)), _through_npz(arrays), used
+
+    def before_test(self, test_id, probes, substituted):
+        made = self.made.pop((test_id, frozenset(substituted)), None)
+        self._inputs[test_id] = (made or self.calls(probes, substituted), probes)
+
+    def run(self, test_id, ns):
+        """What ``attn_probe.run(test_id, globals())`` does in the kernel, for the test whose cell runs."""
+        if test_id not in self._inputs:
+            raise FileNotFoundError(test_id)          # the kernel finds no inputs for it
+        sent, probes = self._inputs[test_id]
+        with self.measured(test_id):
+            self._results[test_id], self._records[test_id] = self.call(sent, probes, ns)
+        kernel_side.stop_after_a_timeout(test_id, self._results[test_id], self.timed_out)
+
+    def call(self, sent, probes, ns) -> tuple[list[dict], dict[int, list]]:
+        """The results of the calls SENT of the code in ``ns``, decoded as the judge reads them,
+        and the record of their model arguments' calls."""
+        calls, arrays, used = sent
+        self.answerer.begin(IN_PROCESS, used, probes)
+        writer = wire.Writer("r")
+        results = kernel_side.call_all(calls, arrays, ns, writer, connect=lambda _: LocalClient(self.answerer))
+        records = self.answerer.end()
+        results, back = json.loads(json.dumps(results)), _through_npz(writer.arrays)
+        return [wire.decode_result(r, back) for r in results], records
+
+    def after_test(self, test_id) -> dict[int, list]:
+        self._inputs.pop(test_id, None)
+        return self._records.pop(test_id, {})
+
+    def results(self, test_id) -> list[dict] | None:
+        return self._results.get(test_id)
+
+    def close(self) -> None:
+        pass
+
+
 def sent_calls(probes, hidden, substituted=None, time_limit=None) -> tuple[list[dict], dict, list[str]]:
-    """The calls and their arrays as the kernel reads them (encoded as ``session.encode_calls``
-    encodes them, then through JSON and the ``.npy`` format), and the dependencies stood in for.
+    """``InProcessRoute.calls``: the calls as the kernel reads them, and the dependencies stood in for.
 
     substituted: the dependencies whose reference stands in (``GradingSession.ready_deps``: those
     whose own tests have run); default every probe's ``deps``.
     """
-    from .session import encode_calls
-    if substituted is None:
-        substituted = {d for probe in probes for d in probe.deps}
-    calls, arrays, used = encode_calls(probes, hidden, set(substituted), IN_PROCESS)
-    if time_limit is not None:
-        for call in calls:
-            call["time_limit"] = time_limit
-    return json.loads(json.dumps(calls)), _through_npz(arrays), used
-
-
-IN_PROCESS = "in-process"  # the stand-ins' address: answered here (``standins.LocalClient``)
+    return InProcessRoute(hidden).calls(probes, all_deps(probes) if substituted is None else substituted,
+                                        time_limit)
 
 
 def run_probes(probes, ns: dict, hidden, substituted=None, time_limit=None, sent=None) -> list[dict]:
     """Results of calling the code in ``ns`` on ``probes``, decoded as the judge reads them.
 
-    As in the kernel (``attn_probe.run``), a call that runs out of time ends the test: the
+    As in the kernel (``attn_probe.call_all``), a call that runs out of time ends the test: the
     calls after it are not run (the list is shorter). Given exercises and model arguments are
     stand-ins answered by the reference here, through the same frames as across the exchange.
     sent: ``sent_calls`` of the same arguments, made beforehand.
     """
-    from .session import with_model_calls
-    from .standins import Answerer, LocalClient
-    calls, arrays, used = sent or sent_calls(probes, hidden, substituted, time_limit)
-    answerer = Answerer(hidden)
-    answerer.begin(IN_PROCESS, used, probes)
-    writer, results = wire.Writer("r"), []
-    for call in calls:
-        outcome = kernel_side.call_one(call, arrays, ns, writer, connect=lambda _: LocalClient(answerer))
-        results.append(outcome)
-        if outcome["status"] == "timeout":
-            break
-    records = answerer.end()
-    results, back = json.loads(json.dumps(results)), _through_npz(writer.arrays)
-    return with_model_calls([wire.decode_result(r, back) for r in results], probes, records)
+    route = InProcessRoute(hidden)
+    results, records = route.call(sent or sent_calls(probes, hidden, substituted, time_limit), probes, ns)
+    return with_model_calls(results, probes, records)
 
 
 def run_probe(probe, ns: dict, hidden, substituted=None, time_limit=None) -> dict:
@@ -91,83 +161,28 @@ class CellTimeout(BaseException):
     """A cell graded in process ran past the cell time limit: as the kernel's interrupt."""
 
 
-class _OwnMemory:
-    """The kernel manager's memory rule readings (``GradingKernelManager``), on this process."""
-
-    def reset_peak_memory(self) -> None:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        self._before = _status("VmRSS")
-
-    def peak_memory_rise(self) -> int | None:
-        peak, before = _status("VmHWM"), getattr(self, "_before", None)
-        return None if before is None or not peak else max(peak - before, 0)
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next((int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":")), 0)
-
-
-class _Session:
-    """``GradingSession`` without an exchange: a test's calls run here, by ``call_one``, when its cell does."""
-
-    def __init__(self, chapter):
-        from .session import GradingSession
-        self.chapter, self.kernel = chapter, _OwnMemory()
-        self.hidden = chapter.hidden()
-        self.test_order = list(chapter.tests)
-        self.probes = {t: self.hidden.probes(t) for t in self.test_order}
-        self.prepared = False
-        self.sent: dict = {}  # (test id, dependencies substituted) -> its sent_calls, made beforehand
-        self.completed: set[str] = set()
-        self.timed_out: list[str] = []  # tests in which a call ran past its time limit
-        self.memory_rise: dict = {}
-        self._results: dict = {}
-        self._deps_ready = lambda dep: GradingSession._deps_ready(self, dep)
-        self.ready_deps = lambda test_id: GradingSession.ready_deps(self, test_id)
-
-    def run(self, test_id, ns):
-        """What ``attn_probe.run(test_id, globals())`` does in the kernel; kept for the judge."""
-        if test_id not in self.probes or test_id in self.completed:
-            raise FileNotFoundError(test_id)          # the kernel finds no inputs for it
-        ready = set(self.ready_deps(test_id))
-        measured = test_id in self.hidden.memory_rules
-        if measured:
-            self.kernel.reset_peak_memory()
-        try:
-            sent = self.sent.pop((test_id, frozenset(ready)), None)
-            self._results[test_id] = run_probes(self.probes[test_id], ns, self.hidden, substituted=ready, sent=sent)
-        finally:
-            if measured:
-                self.memory_rise[test_id] = self.kernel.peak_memory_rise()
-        if any(r["status"] == "timeout" for r in self._results[test_id]):
-            self.timed_out.append(test_id)
-        if self.timed_out:  # as the kernel: the visible checks of this test and later ones are skipped
-            raise SystemExit("a call ran past its time limit")
-
-    def results(self, test_id):
-        return self._results.get(test_id)
-
-
-def prepared_session(chapter) -> _Session:
+def prepared_session(chapter) -> GradingSession:
     """A chapter's session before any notebook ran in it: its probes built, the reference's
     results computed (its value, then its gradients, the order the judge asks in; a mistake
     model's, which only a wrong answer needs, is left to the judge) and each test's calls made
     as the kernel reads them when every dependency's test has run. For ``grade_forked``."""
-    from .judge import reference
-    session = _Session(chapter)
+    session = in_process_session(chapter)
     for test_id, probes in session.probes.items():
-        deps = frozenset(d for probe in probes for d in probe.deps)
-        session.sent[test_id, deps] = sent_calls(probes, session.hidden, substituted=deps)
+        deps = all_deps(probes)
+        session.route.made[test_id, deps] = session.route.calls(probes, deps)
         for probe in probes:
             for compute in (reference.reference_call, reference.expected_grads):
                 try:
                     compute(probe)
                 except Exception:  # noqa: BLE001 - kept on the probe: the judge meets the same error
                     pass
-    session.prepared = True
+    session.route.prepared = True
     return session
+
+
+def in_process_session(chapter) -> GradingSession:
+    """A chapter's session on the route in this process, memory read on this process."""
+    return GradingSession(chapter, InProcessRoute(chapter.hidden(), ThisProcess()))
 
 
 _PREPARED: dict = {}  # chapter -> its prepared session, in a process that only forks graders from it
@@ -179,8 +194,6 @@ def grade_forked(paths) -> list[dict]:
     one notebook does reaches another or this process, and no notebook pays again for the probes
     and the reference's results. A child that dies gives ``{"error": ...}``. For the course's own
     trusted catalogs."""
-    import torch
-    from .submission import load
     torch.set_num_threads(1)  # before any work: a child must not inherit a parent's thread pool
     results = []
     for path in paths:
@@ -197,9 +210,6 @@ def grade_forked(paths) -> list[dict]:
 
 def _in_a_child(function, *args):
     """``function(*args)`` in a forked child; its result (pickled through a pipe) or ``{"error": ...}``."""
-    import gc
-    import os
-    import pickle
     gc.freeze()  # what this process holds is not the child's garbage: its collections skip it (as a fresh kernel's would)
     read, write = os.pipe()
     pid = os.fork()
@@ -219,6 +229,51 @@ def _in_a_child(function, *args):
     return pickle.loads(data) if data else {"error": f"the process grading it ended with status {status}"}
 
 
+def grade_notebook(path, prepared: GradingSession | None = None) -> dict:
+    """``_grade_notebook`` with the settings read once for it."""
+    with settings.in_use(settings.GraderSettings.from_environment()):
+        return _grade_notebook(path, prepared)
+
+
+def _grade_notebook(path, prepared: GradingSession | None = None) -> dict:
+    """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
+
+    The same steps as ``grading.grade`` where they do not need a kernel: the submission read and
+    repaired, the test cells' hidden parts restored from the instructor notebook (as nbgrader's
+    autograde does), each cell run in order (``_run_cells``), each hidden test's calls run by
+    ``call_all`` and the whole judged by ``judge.cells``. No sandbox and no nbgrader: for trusted
+    notebooks only, and for what does not need the real pipeline.
+    """
+    torch.set_num_threads(1)  # as in the grading kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
+    nb, info = load(path)
+    session = _unused_session(info, prepared)
+    release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
+    # every cell the learner can edit or add, told from the release's own cells
+    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
+    clean, repairs = repaired(nb, release)
+    _run_cells(_code_cells(clean, info), session)
+    outcomes = judge(session, static, stopped=None)
+    return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language,
+                  written=C.written_answers(clean)).as_json()  # as the pipeline tells them (grading._graded)
+
+
+def _unused_session(chapter, prepared: GradingSession | None) -> GradingSession:
+    """PREPARED if it is the chapter's and no notebook ran in it yet, else a fresh session; marked used."""
+    fresh = prepared is None or prepared.chapter != chapter or not prepared.route.prepared
+    session = in_process_session(chapter) if fresh else prepared
+    session.route.prepared = False  # one notebook per session: a second would find this one's state
+    return session
+
+
+def _code_cells(clean, chapter) -> list[tuple[str | None, str]]:
+    """(grade id, source) of each code cell as the kernel runs it: a test cell's hidden part
+    restored from the instructor notebook (as nbgrader's autograde does)."""
+    instructor = nbformat.read(chapter.instructor_notebook, as_version=4)
+    restored = {C.grade_id(c): c.source for c in instructor.cells if C.is_test_cell(c)}
+    return [(C.grade_id(cell), _leading_empty_lines_dropped(restored.get(C.grade_id(cell), cell.source)))
+            for cell in clean.cells if cell.cell_type == "code"]
+
+
 def _leading_empty_lines_dropped(source: str) -> str:
     """As IPython runs a cell (its ``leading_empty_lines`` transform): line numbers in errors agree."""
     lines = source.splitlines(True)
@@ -228,84 +283,59 @@ def _leading_empty_lines_dropped(source: str) -> str:
     return source
 
 
-def grade_notebook(path, prepared: _Session | None = None) -> dict:
-    """``_grade_notebook`` with the settings read once for it."""
-    with settings.in_use(settings.GraderSettings.from_environment()):
-        return _grade_notebook(path, prepared)
-
-
-def _grade_notebook(path, prepared: _Session | None = None) -> dict:
-    """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
-
-    The same steps as ``grading.grade`` where they do not need a kernel: the submission read and
-    repaired, the test cells' hidden parts restored from the instructor notebook (as nbgrader's
-    autograde does), each cell run in order (errors do not stop the run; ``os._exit`` is a dead
-    kernel: the cells after it do not run), each hidden test's calls run by ``call_one`` and the
-    whole judged by ``judge.cells``. No sandbox and no nbgrader: for trusted notebooks only, and for
-    what does not need the real pipeline. A cell that runs past the pipeline's cell time limit
-    (the ``cell_timeout`` setting, counted in CPU seconds here, since a probe's own limit uses the
-    wall-clock timer) is interrupted, as the kernel's would be.
-    """
-    import contextlib
-    import linecache
-    import os
-    import signal
-    import sys
-    import types
-
-    import nbformat
-
-    from coursekit import conventions as C
-
-    from .judge.cells import judge
-    from .report import Report
-    from .static_check import static_builtin_use, substituted_dependencies
-    from .submission import load, repaired
-
-    import torch
-    torch.set_num_threads(1)  # as in the grading kernel (OMP_NUM_THREADS=1): parallel workers do not fight over cores
-
-    nb, info = load(path)
-    fresh = prepared is None or prepared.chapter != info or not prepared.prepared
-    session = _Session(info) if fresh else prepared
-    session.prepared = False  # one notebook per session: a second would find this one's state
-    release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
-    # every cell the learner can edit or add, told from the release's own cells
-    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
-    clean, repairs = repaired(nb, release)
-    instructor = nbformat.read(info.instructor_notebook, as_version=4)
-    restored = {C.grade_id(c): c.source for c in instructor.cells if C.is_test_cell(c)}
+def _run_cells(cells, session: GradingSession) -> None:
+    """Each cell in order, as the kernel runs them: an error does not stop the run, ``os._exit``
+    is a dead kernel (the cells after it do not run), and a cell that runs past the pipeline's
+    cell time limit (the ``cell_timeout`` setting, counted in CPU seconds here, since a probe's
+    own limit uses the wall-clock timer) is interrupted, as the kernel's would be."""
     ns: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    cell_limit = settings.current().cell_timeout
+    with _as_in_a_kernel(session.route.run):
+        for index, (grade_id, source) in enumerate(cells):
+            if not _run_cell(index, grade_id, source, ns, session, cell_limit):
+                break
+
+
+def _run_cell(index, grade_id, source, ns, session, cell_limit) -> bool:
+    """One cell, its hidden test's inputs ready while it runs (``GradingSession.before_test``);
+    False if it ended the kernel."""
+    filename = f"/tmp/ipykernel_0/{index}.py"     # as IPython names a cell (probe's _error_text)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    watched = session.watches(grade_id)
+    if watched:
+        session.before_test(grade_id)
+    try:
+        signal.setitimer(signal.ITIMER_VIRTUAL, cell_limit)
+        exec(compile(source, filename, "exec"), ns)
+    except KernelExit:
+        return False
+    except BaseException:  # noqa: BLE001 - an error in a cell does not stop the notebook
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        if watched:
+            session.after_test(grade_id)
+    return True
+
+
+@contextlib.contextmanager
+def _as_in_a_kernel(run):
+    """While cells run here: ``attn_probe.run`` is RUN, ``os._exit`` a dead kernel (``KernelExit``),
+    the cell time limit an interrupt (``CellTimeout``), and output goes nowhere."""
     probe_module = types.ModuleType("attn_probe")
-    probe_module.run = session.run
+    probe_module.run = run
     real_exit, saved = os._exit, sys.modules.get("attn_probe")
 
     def exit_kernel(code=0):
         raise KernelExit(code)
-    os._exit, sys.modules["attn_probe"] = exit_kernel, probe_module
-    cell_limit = settings.current().cell_timeout
 
     def interrupt_cell(signum, frame):
         raise CellTimeout()
+    os._exit, sys.modules["attn_probe"] = exit_kernel, probe_module
     old_handler = signal.signal(signal.SIGVTALRM, interrupt_cell)
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            for index, cell in enumerate(c for c in clean.cells if c.cell_type == "code"):
-                source = _leading_empty_lines_dropped(restored.get(C.grade_id(cell), cell.source))
-                filename = f"/tmp/ipykernel_0/{index}.py"     # as IPython names a cell (probe's _error_text)
-                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-                grade_id = C.grade_id(cell)
-                try:
-                    signal.setitimer(signal.ITIMER_VIRTUAL, cell_limit)
-                    exec(compile(source, filename, "exec"), ns)
-                except KernelExit:
-                    break
-                except BaseException:  # noqa: BLE001 - an error in a cell does not stop the notebook
-                    pass
-                finally:
-                    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
-                    if grade_id in session.probes:
-                        session.completed.add(grade_id)
+            yield
     finally:
         signal.signal(signal.SIGVTALRM, old_handler)
         os._exit = real_exit
@@ -313,6 +343,3 @@ def _grade_notebook(path, prepared: _Session | None = None) -> dict:
             sys.modules.pop("attn_probe", None)
         else:
             sys.modules["attn_probe"] = saved
-    outcomes = judge(session, static, stopped=None)
-    return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language,
-                  written=C.written_answers(clean)).as_json()  # as the pipeline tells them (grading._graded)

@@ -15,7 +15,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Any, Bool, Instance, List, Unicode
 
-from . import cgroups, sandbox
+from . import cgroups, peak_memory, sandbox
 from .exchange import Exchange
 from .messages import msg
 
@@ -157,30 +157,14 @@ class GradingKernelManager(AsyncKernelManager):
             self._memory_measure = self.cgroup.enforcement
             return
         self._peak_watch, self._memory_measure = None, "VmHWM"
-        self._memory_before = 0
-        for proc in self._processes():
-            try:
-                with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
-                    f.write("5")
-                self._memory_before += proc.memory_info().rss
-            except (OSError, Exception):  # noqa: BLE001 - a process that just ended
-                pass
+        self._memory_before = peak_memory.reset([proc.pid for proc in self._processes()])
 
     def peak_memory_rise(self) -> int | None:
         """How far the sandbox's peak memory rose above its memory at the reset (None: not measured)."""
         watch, self._peak_watch = getattr(self, "_peak_watch", None), None
         if watch is not None:
             return watch.rise()
-        peak = 0
-        for proc in self._processes():
-            try:
-                status = open(f"/proc/{proc.pid}/status").read()
-            except OSError:
-                continue
-            peak += next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                          if line.startswith("VmHWM:")), 0)
-        before = getattr(self, "_memory_before", None)
-        return None if before is None or not peak else max(peak - before, 0)
+        return peak_memory.rise([proc.pid for proc in self._processes()], getattr(self, "_memory_before", None))
 
     def stop_unresponsive(self, seconds: float) -> None:
         """Stop a kernel that ran a cell past its limit of SECONDS and ignored the interrupt."""

@@ -1,12 +1,18 @@
-"""One submission's hidden tests while its kernel runs: which test's inputs exist when.
+"""One submission's hidden tests while its notebook runs: which test's inputs exist when.
 
-Before a hidden test cell runs, its inputs (and nothing else) are written to the
-exchange folder; right after, its results are taken out of the kernel's reach and the
-folder is emptied. Code in earlier cells never sees later inputs, and a test's results
-can only come from that test's own run.
+Before a hidden test cell runs, its inputs (and nothing else) are made ready for it; right
+after, its results are taken out of the submission's reach. Code in earlier cells never sees
+later inputs, and a test's results can only come from that test's own run. One session,
+``GradingSession``, keeps this order for either route a test's calls take:
+
+* ``KernelRoute``: through the exchange folder to the sandboxed kernel, whose ``attn_probe.run``
+  calls the submission (``grading``);
+* ``inprocess.InProcessRoute``: in the grader's tools' own process, by the same kernel-side
+  routines (``inprocess.grade_notebook``, for trusted notebooks only).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from . import standins, transfer
@@ -18,47 +24,43 @@ STANDIN_SOCKET = "standin.sock"  # in the exchange folder: where the kernel call
 
 
 class GradingSession:
-    def __init__(self, chapter: ChapterInfo, exchange: Exchange, private: Path, kernel=None):
-        self.chapter, self.exchange, self.private, self.kernel = chapter, exchange, private, kernel
-        private.mkdir(parents=True, exist_ok=True)
-        self.hidden = chapter.hidden()
+    """A chapter's hidden tests for one submission, whichever route carries their calls: what
+    the judge reads (``probes``, ``results``, ``memory_rise``, ``kernel``) and what the notebook's
+    run calls around each hidden test cell (``watches``, ``before_test``, ``after_test``)."""
+
+    def __init__(self, chapter: ChapterInfo, route: "Route"):
+        self.chapter, self.route = chapter, route
+        self.hidden = route.hidden
+        self.kernel = route.meter  # what measured memory (the judge asks it how)
+        self.memory_rise = route.memory_rise  # test id -> bytes, for tests with a memory rule
         self.test_order = list(chapter.tests)
         self.probes = {t: self.hidden.probes(t) for t in self.test_order}
         self.completed: set[str] = set()
-        self.memory_rise: dict[str, int | None] = {}  # test id -> bytes, for tests with a memory rule
-        socket_path = exchange.folder / STANDIN_SOCKET
-        self.standin_address = (exchange.inside(socket_path) if kernel is None or kernel.sandboxed
-                                else str(socket_path))
-        self.standins = standins.StandInService(self.hidden, socket_path)
         self.model_calls: dict[str, dict[int, list]] = {}  # test id -> probe -> the grader's record
+        route.open()  # after the probes are built: a stand-in process forked now answers with these
+
+    @classmethod
+    def in_kernel(cls, chapter: ChapterInfo, exchange: Exchange, private: Path, kernel=None) -> "GradingSession":
+        """The session of a grading in the sandboxed kernel (``KernelRoute``)."""
+        sandboxed = kernel is None or kernel.sandboxed
+        return cls(chapter, KernelRoute(chapter.hidden(), exchange, private, kernel, sandboxed))
 
     def watches(self, grade_id) -> bool:
         return grade_id in self.probes and grade_id not in self.completed
 
     def before_test(self, test_id):
-        self.exchange.clear()
-        calls, arrays, ready = encode_calls(self.probes[test_id], self.hidden, self.ready_deps(test_id),
-                                            self.standin_address)
-        if ready or any(c["standins"] for c in calls):
-            self.standins.begin(test_id, ready)
-        transfer.write_inputs(self.exchange.cases, test_id, calls, arrays)
-        if test_id in self.hidden.memory_rules and self.kernel is not None:
-            self.kernel.reset_peak_memory()
+        self.route.before_test(test_id, self.probes[test_id], self.ready_deps(test_id))
 
     def after_test(self, test_id):
-        if test_id in self.hidden.memory_rules and self.kernel is not None:
-            self.memory_rise[test_id] = self.kernel.peak_memory_rise()
-        self.model_calls[test_id] = self.standins.end()
-        transfer.take_results(self.exchange, self.private, test_id)
-        self.exchange.clear()
+        self.model_calls[test_id] = self.route.after_test(test_id)
         self.completed.add(test_id)
 
     def results(self, test_id) -> list[dict] | None:
-        return with_model_calls(transfer.read_results(self.private, test_id), self.probes[test_id],
+        return with_model_calls(self.route.results(test_id), self.probes[test_id],
                                 self.model_calls.get(test_id, {}))
 
     def close(self) -> None:
-        self.standins.close()
+        self.route.close()
 
     def _deps_ready(self, dep) -> bool:
         """Substitute the reference for a dependency only once its own tests have all run."""
@@ -67,6 +69,84 @@ class GradingSession:
     def ready_deps(self, test_id) -> list[str]:
         """The test's dependencies whose own tests have all run: the reference stands in for them."""
         return sorted({d for probe in self.probes[test_id] for d in probe.deps if self._deps_ready(d)})
+
+
+class Route:
+    """What both routes share: a test's calls encoded for the stand-ins' ``address``, and the
+    memory of a test with a memory rule, read by ``meter`` (``reset_peak_memory``,
+    ``peak_memory_rise``; None: not measured)."""
+
+    address: str
+
+    def __init__(self, hidden, meter=None):
+        self.hidden, self.meter = hidden, meter
+        self.memory_rise: dict[str, int | None] = {}
+
+    def open(self) -> None:
+        """Ready to carry calls (the session's probes are built)."""
+
+    def calls(self, probes, substituted) -> tuple[list[dict], dict, list[str]]:
+        return encode_calls(probes, self.hidden, substituted, self.address)
+
+    def start_measuring(self, test_id) -> None:
+        if test_id in self.hidden.memory_rules and self.meter is not None:
+            self.meter.reset_peak_memory()
+
+    def stop_measuring(self, test_id) -> None:
+        """The memory rise since ``start_measuring``, kept for a test with a memory rule."""
+        if test_id in self.hidden.memory_rules and self.meter is not None:
+            self.memory_rise[test_id] = self.meter.peak_memory_rise()
+
+    @contextlib.contextmanager
+    def measured(self, test_id):
+        self.start_measuring(test_id)
+        try:
+            yield
+        finally:
+            self.stop_measuring(test_id)
+
+
+class KernelRoute(Route):
+    """A test's calls through the exchange folder to the kernel, whose ``attn_probe.run`` makes
+    them; given exercises and model arguments answered by the stand-in process behind the
+    exchange's socket. Memory is read from outside, around the whole cell (``meter``: the
+    ``GradingKernelManager``). sandboxed: the kernel reaches the socket at its path inside the sandbox."""
+
+    def __init__(self, hidden, exchange: Exchange, private: Path, meter=None, sandboxed: bool = True):
+        super().__init__(hidden, meter)
+        self.exchange, self.private = exchange, private
+        private.mkdir(parents=True, exist_ok=True)
+        socket_path = exchange.folder / STANDIN_SOCKET
+        self.socket_path = socket_path
+        self.address = exchange.inside(socket_path) if sandboxed else str(socket_path)
+        self.standins = None
+
+    def open(self) -> None:
+        self.standins = standins.StandInService(self.hidden, self.socket_path)
+
+    def before_test(self, test_id, probes, substituted):
+        self.exchange.clear()
+        calls, arrays, used = self.calls(probes, substituted)
+        if used or any(c["standins"] for c in calls):
+            self.standins.begin(test_id, used)
+        transfer.write_inputs(self.exchange.cases, test_id, calls, arrays)
+        self.start_measuring(test_id)
+
+    def after_test(self, test_id) -> dict[int, list]:
+        """Ends the test: its results out of the kernel's reach; the grader's record of its model
+        arguments' calls."""
+        self.stop_measuring(test_id)
+        records = self.standins.end()
+        transfer.take_results(self.exchange, self.private, test_id)
+        self.exchange.clear()
+        return records
+
+    def results(self, test_id) -> list[dict] | None:
+        return transfer.read_results(self.private, test_id)
+
+    def close(self) -> None:
+        if self.standins is not None:
+            self.standins.close()
 
 
 def encode_calls(probes, hidden, substituted, address) -> tuple[list[dict], dict, list[str]]:

@@ -390,11 +390,11 @@ def _honest_figures(chapters) -> dict:
     warnings.filterwarnings("ignore")
     from coursekit.sample_submissions import submission as notebook_of
     import nbformat
-    real_run, real_call = inprocess._Session.run, probe.call_one
+    real_run, real_call = inprocess.InProcessRoute.run, probe.call_one
     folder = Path(tempfile.mkdtemp())
     figures: dict = {}
 
-    def run(session, test_id, ns):
+    def run(route, test_id, ns):
         written = []
 
         def call_one(call, arrays, namespace, writer, *rest, **options):
@@ -404,21 +404,21 @@ def _honest_figures(chapters) -> dict:
         written_arrays: dict = {}
         probe.call_one = call_one
         try:
-            real_run(session, test_id, ns)
+            real_run(route, test_id, ns)
         finally:
             probe.call_one = real_call
             np.savez(folder / f"{test_id}.npz", **written_arrays)  # as attn_probe.run writes them
             with open(folder / f"{test_id}.json", "w") as f:
                 json.dump({"test": test_id, "probes": written}, f)
-            session._results[test_id] = transfer.read_results(folder, test_id)
+            route._results[test_id] = transfer.read_results(folder, test_id)
             text = (folder / f"{test_id}.json").read_bytes()
             mine = {"decoded": sum(a.nbytes for a in written_arrays.values()), "json": len(text),
                     "members": len(written_arrays), "probes": len(written),
                     "elements": max([a.size for a in written_arrays.values()] or [0])}
             for key, value in mine.items():
-                figures[session.chapter.name][key] = max(figures[session.chapter.name].get(key, 0), value)
+                figures[chapter][key] = max(figures[chapter].get(key, 0), value)  # the chapter being graded
 
-    inprocess._Session.run = run
+    inprocess.InProcessRoute.run = run
     try:
         for chapter in chapters:
             figures[chapter] = {}
@@ -428,7 +428,7 @@ def _honest_figures(chapters) -> dict:
             report = inprocess.grade_notebook(path)
             figures[chapter].update(score=report["score"], max_score=report["max_score"])
     finally:
-        inprocess._Session.run = real_run
+        inprocess.InProcessRoute.run = real_run
         shutil.rmtree(folder)
     return figures
 

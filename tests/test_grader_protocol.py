@@ -19,7 +19,7 @@ import pytest
 
 from autograder import hidden as H
 from autograder.judge.verdict import judge_probe
-from autograder import inprocess, session, standins, transfer
+from autograder import inprocess, session
 from autograder.sandboxed import probe, wire
 from autograder.exchange import Exchange
 
@@ -103,28 +103,24 @@ def _judge(tests, test_id, student_source, tmp_path, monkeypatch, route="files")
 
 
 def _run_in_kernel_side(tests, test_id, probes, namespace, tmp_path, monkeypatch) -> tuple[list[dict], bool]:
-    """The probes through the exchange's files and the kernel's ``run``, as a hidden test cell runs them:
+    """The probes through the exchange's files and the kernel's ``run``, as a hidden test cell runs them
+    (``session.KernelRoute``, the grading's own route, with the reference standing in for nothing):
     the results, and whether ``run`` ended the cell (so that its visible checks do not run)."""
-    exchange, private = Exchange(tmp_path / "exchange"), tmp_path / "private"
-    cases, results = exchange.cases, exchange.results
-    private.mkdir(exist_ok=True)
-    address = exchange.folder / session.STANDIN_SOCKET
-    calls, arrays, used = session.encode_calls(probes, tests, set(), str(address))
-    transfer.write_inputs(cases, test_id, calls, arrays)
-    monkeypatch.setenv("ATTN_GRADER_CASES", str(cases))
-    monkeypatch.setenv("ATTN_GRADER_RESULTS", str(results))
-    service = standins.StandInService(tests, address)
-    service.begin(test_id, used)
+    exchange = Exchange(tmp_path / "exchange")
+    route = session.KernelRoute(tests, exchange, tmp_path / "private", sandboxed=False)  # the kernel side runs here
+    route.open()
+    monkeypatch.setenv("ATTN_GRADER_CASES", str(exchange.cases))
+    monkeypatch.setenv("ATTN_GRADER_RESULTS", str(exchange.results))
+    route.before_test(test_id, probes, [])
     try:
         probe.run(test_id, namespace)
         ended = False
     except SystemExit:
         ended = True
     finally:
-        records = service.end()
-        service.close()
-    transfer.take_results(exchange, private, test_id)
-    return session.with_model_calls(transfer.read_results(private, test_id), probes, records), ended
+        records = route.after_test(test_id)
+        route.close()
+    return session.with_model_calls(route.results(test_id), probes, records), ended
 
 
 def test_a_model_argument_crosses_as_data_without_a_line_of_the_reference(toy):
