@@ -14,11 +14,14 @@ def file_hash(path: Path) -> str:
         return "unreadable"
 
 
+LEDGER = ".grading/ledger.jsonl"  # in a class's folder (or a shard's results folder)
+
+
 class Ledger:
     """Append-only record of finished submissions: resume, reasons, exercise scores."""
 
     def __init__(self, folder: Path):
-        self.path = folder / ".grading" / "ledger.jsonl"
+        self.path = folder / LEDGER
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def entries(self, since: int = 0) -> dict[str, dict]:
