@@ -116,9 +116,8 @@ class KernelRoute(Route):
         super().__init__(hidden, meter)
         self.exchange, self.private = exchange, private
         private.mkdir(parents=True, exist_ok=True)
-        socket_path = exchange.folder / STANDIN_SOCKET
-        self.socket_path = socket_path
-        self.address = exchange.inside(socket_path) if sandboxed else str(socket_path)
+        self.socket_path = exchange.folder / STANDIN_SOCKET
+        self.address = exchange.inside(self.socket_path) if sandboxed else str(self.socket_path)
         self.standins = None
 
     def open(self) -> None:

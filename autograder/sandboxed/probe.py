@@ -6,9 +6,11 @@ this module calls the submitted code on them and writes what came back to
 ``$ATTN_GRADER_RESULTS``. All comparisons happen later, in the grader's own process,
 which never runs submitted code: nothing done here can award points by itself.
 
-``call_one`` is the one routine that calls submitted code on a probe: the kernel runs it
-from ``run``, and the grader's tools (the mutation benchmark, the in-process catalog tier,
-the protocol tests) run the very same routine in process through ``autograder.inprocess``.
+``call_one`` is the one routine that calls submitted code on a probe, ``call_all`` the one
+that calls a test's probes in order, and ``stop_after_a_timeout`` the one rule that ends the
+cells after a call ran out of time: the kernel runs them from ``run``, and the grader's tools
+(the mutation benchmark, the in-process catalog tier, the protocol tests) run the very same
+routines in process through ``autograder.inprocess``.
 The format of what it reads and writes is ``wire`` (``attn_wire`` in the kernel).
 """
 import contextlib
