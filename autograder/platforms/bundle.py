@@ -1,6 +1,6 @@
 """What a platform's package carries, and how it grades one submission there.
 
-A package holds the grader (``autograder/``, ``coursekit/``), one chapter's hidden material
+A package holds the grader (``autograder/``, ``coursekit/``), its chapters' hidden material
 (its instructor notebooks, reference and hidden-test modules, its source, which names the
 chapter) and the feedback's translations: ``write_grader`` copies them into a folder of their
 own, which the submission's kernel never sees (bubblewrap shows it no folder of the package;
@@ -22,38 +22,40 @@ ISOLATION_VARIABLE = "ATTN_PLATFORM_ISOLATION"  # auto (default), sandbox, audit
 SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 
-def write_grader(chapter: str, dest: Path) -> Path:
-    """The grader and CHAPTER's hidden material, copied into DEST (made; it must not exist)."""
-    if chapter not in C.chapter_names() or not C.instructor_notebook(chapter).exists():
-        raise ValueError(f"unknown chapter {chapter!r} (known: {', '.join(C.chapter_names())})")
+def write_grader(chapters: list[str], dest: Path) -> Path:
+    """The grader and the CHAPTERS' hidden material, copied into DEST (made; it must not exist)."""
+    for chapter in chapters:
+        if chapter not in C.chapter_names() or not C.instructor_notebook(chapter).exists():
+            raise ValueError(f"unknown chapter {chapter!r} (known: {', '.join(C.chapter_names())})")
     dest.mkdir(parents=True)
     for package in ("autograder", "coursekit"):
         shutil.copytree(C.ROOT / package, dest / package, ignore=SKIPPED)
     solutions = dest / C.SOLUTIONS_PACKAGE
     solutions.mkdir()
     shutil.copy2(C.ROOT / C.SOLUTIONS_PACKAGE / "__init__.py", solutions / "__init__.py")
-    for module in (C.reference_module(chapter), C.hidden_module(chapter)):
-        name = module.rpartition(".")[2] + ".py"
-        shutil.copy2(C.ROOT / C.SOLUTIONS_PACKAGE / name, solutions / name)
-    for language in C.EDITIONS:  # a class may hand in either edition
-        notebook = C.instructor_notebook(chapter, language)
-        if notebook.exists():
-            target = dest / notebook.parent.relative_to(C.ROOT)
-            shutil.copytree(notebook.parent, target, ignore=SKIPPED)
     (dest / "course").mkdir()
-    shutil.copy2(C.COURSE_DIR / f"{chapter}.py", dest / "course" / f"{chapter}.py")  # chapter_names() reads it
+    for chapter in chapters:
+        for module in (C.reference_module(chapter), C.hidden_module(chapter)):
+            name = module.rpartition(".")[2] + ".py"
+            shutil.copy2(C.ROOT / C.SOLUTIONS_PACKAGE / name, solutions / name)
+        for language in C.EDITIONS:  # a class may hand in either edition
+            notebook = C.instructor_notebook(chapter, language)
+            if notebook.exists():
+                shutil.copytree(notebook.parent, dest / notebook.parent.relative_to(C.ROOT), ignore=SKIPPED)
+        shutil.copy2(C.COURSE_DIR / f"{chapter}.py", dest / "course" / f"{chapter}.py")  # chapter_names() reads it
     for language in C.TRANSLATIONS:
         po = C.LOCALES_DIR / language / "LC_MESSAGES" / "feedback.po"
         (dest / po.parent.relative_to(C.ROOT)).mkdir(parents=True, exist_ok=True)
         shutil.copy2(po, dest / po.relative_to(C.ROOT))
     shutil.copy2(C.ROOT / "requirements.txt", dest / "requirements.txt")
     # every chapter's name: the package grades one, and refuses a notebook of another
-    (dest / PACKAGE_FILE).write_text(json.dumps({"chapter": chapter, "course": C.chapter_names()}) + "\n")
+    (dest / PACKAGE_FILE).write_text(json.dumps({"chapters": chapters, "course": C.chapter_names()}) + "\n")
     return dest
 
 
-def packaged_chapter(grader: Path) -> str:
-    return json.loads((grader / PACKAGE_FILE).read_text())["chapter"]
+def packaged_chapters(grader: Path) -> list[str]:
+    """The chapters the package in GRADER grades."""
+    return json.loads((grader / PACKAGE_FILE).read_text())["chapters"]
 
 
 def bubblewrap_works() -> str | None:
@@ -150,12 +152,12 @@ def _refuse_another_chapter(path: Path, chapter: str) -> None:
 
 
 def warm(grader: Path) -> str:
-    """The one-time work a platform's image does (setup.sh, the Dockerfile): the chapter's scratch
+    """The one-time work a platform's image does (setup.sh, the Dockerfile): each chapter's scratch
     nbgrader course built into the cache; returns the isolation this machine gives."""
     from ..chapters import known
     from ..template import course_template
-    chapter = packaged_chapter(grader)
-    info = known()[chapter]
-    info.hidden()  # the hidden tests import
-    course_template(info)
+    for chapter in packaged_chapters(grader):
+        info = known()[chapter]
+        info.hidden()  # the hidden tests import
+        course_template(info)
     return isolation()[1]

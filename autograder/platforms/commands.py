@@ -14,6 +14,9 @@ def add_commands(sub) -> None:
     for name, what in PLATFORMS.items():
         one = sub.add_parser(name, help=f"write {what}")
         add_build_arguments(one)
+        if name == "prairielearn":
+            one.add_argument("--image", default="attention-from-scratch/grader",
+                             help="the grader image's name in each question's info.json")
         one.set_defaults(run=run_build, platform=name)
 
 
@@ -34,7 +37,7 @@ def run_build(args) -> int:
         paths = [build(chapter, args.out) for chapter in args.chapters or names]
     else:
         from .prairielearn import build
-        paths = build(args.chapters or names, args.out)
+        paths = build(args.chapters or names, args.out, args.image)
     for path in paths:
         print(path)
     return 0

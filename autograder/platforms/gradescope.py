@@ -35,7 +35,7 @@ def build(chapter: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"{chapter}-gradescope.zip"
     with tempfile.TemporaryDirectory() as tmp:
-        grader = bundle.write_grader(chapter, Path(tmp) / "grader")
+        grader = bundle.write_grader([chapter], Path(tmp) / "grader")
         with zipfile.ZipFile(target.with_suffix(".part"), "w", zipfile.ZIP_DEFLATED) as zf:
             for name, inside in (("gradescope_setup.sh", "setup.sh"), ("gradescope_run_autograder", "run_autograder")):
                 _add(zf, TEMPLATES / name, inside, 0o755)
@@ -109,7 +109,7 @@ def results(graded: bundle.Graded) -> dict:
 
 def run(root: Path) -> dict:
     """Grade ROOT/submission, write ROOT/results/results.json; return it."""
-    chapter = bundle.packaged_chapter(C.ROOT)
+    chapter = bundle.packaged_chapters(C.ROOT)[0]
     # Without bubblewrap the audit hook also denies these (the grader's own folder always).
     private = (root / "source", root / "results", root / "submission_metadata.json")
     graded = bundle.grade_one(root / "submission", chapter, private,
@@ -129,7 +129,7 @@ def run(root: Path) -> dict:
 def check(root: Path) -> None:
     """setup.sh's checks: the grader imports, its chapter's hidden tests load, its scratch course is
     built (the one-time work of every run), and which isolation this image gives."""
-    chapter = bundle.packaged_chapter(C.ROOT)
+    chapter = bundle.packaged_chapters(C.ROOT)[0]
     how = bundle.warm(C.ROOT)
     if not (root / "source" / "grader").is_dir():
         raise SystemExit(f"{root}/source/grader: not here; unpack the zip into {root}/source")

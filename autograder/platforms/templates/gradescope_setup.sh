@@ -14,6 +14,11 @@ if [ -z "${ATTN_SETUP_CHECKS_ONLY:-}" ]; then
     apt-get update
     # bubblewrap and libseccomp: the OS sandbox, where the container lets bubblewrap make namespaces
     apt-get install -y --no-install-recommends python3 python3-venv python3-dev bubblewrap libseccomp2
+    if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        echo "setup.sh: the course's pins need Python 3.11 or newer, this image has $(python3 -V 2>&1);" \
+             "choose Gradescope's Ubuntu 24.04 base image" >&2
+        exit 1
+    fi
     python3 -m venv "$ROOT/venv"
     "$ROOT/venv/bin/pip" install --no-cache-dir --upgrade pip
     # torch's CPU wheel first (the default index's torch pulls CUDA), then every pin
