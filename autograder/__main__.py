@@ -2,6 +2,7 @@
 
     python -m autograder grade NOTEBOOK.ipynb [--json]          one submission
     python -m autograder release|collect|grade-class|merge|export|report  a whole class
+    python -m autograder gradescope|prairielearn [CHAPTER ...] --out DIR   a platform's package
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="submitted/ folder for the answer cells (default COURSE/submitted)")
     rep.add_argument("--threshold", type=float, help="list pairs of answer cells at least this similar (0-1)")
     rep.set_defaults(run=_class_command, step=_report)
+    from .platforms.commands import add_commands
+    add_commands(sub)  # gradescope, prairielearn: a platform's package per chapter
     return parser
 
 
