@@ -236,7 +236,7 @@ def grade_notebook(path, prepared: GradingSession | None = None) -> dict:
 
 
 def _grade_notebook(path, prepared: GradingSession | None = None) -> dict:
-    """Grade a notebook of the course's own catalog in this process; the grader's JSON (``Report.as_json``).
+    """Grade a notebook of the course's own catalog in this process; the JSON and outcomes of ``Report.as_result``.
 
     The same steps as ``grading.grade`` where they do not need a kernel: the submission read and
     repaired, the test cells' hidden parts restored from the instructor notebook (as nbgrader's
@@ -254,7 +254,7 @@ def _grade_notebook(path, prepared: GradingSession | None = None) -> dict:
     _run_cells(_code_cells(clean, info), session)
     outcomes = judge(session, static, stopped=None)
     return Report(info.name, "student", outcomes, repairs=repairs, sandboxed=False, language=info.language,
-                  written=C.written_answers(clean)).as_json()  # as the pipeline tells them (grading._graded)
+                  written=C.written_answers(clean)).as_result()  # as the pipeline tells them (grading._graded)
 
 
 def _unused_session(chapter, prepared: GradingSession | None) -> GradingSession:

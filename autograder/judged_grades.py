@@ -14,7 +14,7 @@ from nbgrader.preprocessors import NbGraderPreprocessor, SaveAutoGrades
 
 
 class Judgement:
-    """One grading run's verdicts (``judge.cells.TestOutcome``), made after its notebook ran."""
+    """One grading run's verdicts (``judge.outcome.TestOutcome``), made after its notebook ran."""
 
     def __init__(self, session, static: dict[str, str], kernel):
         self.session, self.static, self.kernel = session, static, kernel

@@ -39,6 +39,10 @@ class Message(str):
     def __reduce__(self):  # pickled with what makes it translatable (class runs use processes)
         return _message, (self.template, self.fields)
 
+    def but(self, **fields) -> Message:
+        """The same message with FIELDS told otherwise (its template kept): a verdict without its case."""
+        return Message(self.template, **{**self.fields, **fields})
+
 
 def _message(template, fields):
     return Message(template, **fields)

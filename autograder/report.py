@@ -9,8 +9,8 @@ from coursekit.conventions import SOURCE_LANGUAGE
 
 from .messages import msg, tell
 
-if TYPE_CHECKING:  # verdicts imports torch: keep this module light
-    from .judge.cells import TestOutcome
+if TYPE_CHECKING:
+    from .judge.outcome import TestOutcome
 
 UNSANDBOXED_NOTE = msg("graded WITHOUT the OS sandbox (--unsandboxed): only the audit hook contained the code")
 
@@ -63,6 +63,11 @@ class Report:
         if by_hand["answers"]:  # not in score or max_score: those are the automatic part
             data["by_hand"] = by_hand
         return data
+
+    def as_result(self) -> dict:
+        """For the grader's own tools (a class run's ledger, the catalogs): the spec's JSON and
+        ``outcomes``, each test's ``TestOutcome.as_dict``, whose fields they read instead of the feedback lines."""
+        return {**self.as_json(), "outcomes": [o.as_dict() for o in self.outcomes]}
 
     def limits_note(self) -> str | None:
         """How the sandbox's limits were held (an instructor's fact, for the grader's log; never in the

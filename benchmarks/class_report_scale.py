@@ -5,7 +5,7 @@
 Makes N synthetic Chapter 2 submissions without grading them: notebooks whose answer
 cells are the reference, disguised copies of it (renamed, reordered, recommented), the
 independent solutions of coursekit.similarity_variants, known mistakes and untouched
-stubs, mixed per exercise; a ledger entry for each with the feedback lines grading
+stubs, mixed per exercise; a ledger entry for each with the outcomes and feedback lines grading
 would have written (a few submissions "could not be graded"); and, unless
 --no-gradebook, a real nbgrader gradebook holding their scores (built first, not timed).
 Prints the seconds for the report's tables, the similarity ranking and the pages, and
@@ -96,22 +96,30 @@ def synthesize(folder: Path, count: int, seed: int = 0) -> dict:
                  "max_score": sum(tests.values()), "repairs": []}
         if n % 97 == 13:
             entry.update(status="failed", score=0.0, reason=f"{CHAPTER}.ipynb: the file is empty", exercises={},
-                         tests={t: 0.0 for t in tests})
+                         tests={t: 0.0 for t in tests}, outcomes=[])
             path.write_text("")
         else:
-            exercises, test_scores = {}, {}
+            exercises, test_scores, outcomes = {}, {}, []
             for ex, (kind, ok) in results.items():
                 feedback = []
                 for t in exercise_tests[ex]:
                     got = tests[t] if ok else 0.0
                     test_scores[t] = got
-                    why = "passed" if ok else (f"`{ex}` is not implemented yet (it raises NotImplementedError)"
-                                               if ok is None else f"{MISTAKES[ex][1]} (case {rng.randint(1, 9)})")
-                    feedback.append(f"{t} ({got:g}/{tests[t]:g}): {why}")
+                    case = f"case {rng.randint(1, 9)}"
+                    # as judge.outcome.Verdict: the named mistake on one case, or the grader's own
+                    verdicts = [] if ok else [
+                        {"message": f"`{ex}` is not implemented yet (it raises NotImplementedError)", "mistake": None,
+                         "label": "", "what": f"`{ex}` is not implemented yet"} if ok is None else
+                        {"message": f"{MISTAKES[ex][1]} ({case})", "mistake": MISTAKES[ex][1], "label": case,
+                         "what": MISTAKES[ex][1]}]
+                    outcomes.append({"test_id": t, "exercise": ex, "points": tests[t], "score": got,
+                                     "verdicts": verdicts})
+                    feedback += [f"{t} ({got:g}/{tests[t]:g}): {v['message']}" for v in verdicts] or \
+                        [f"{t} ({got:g}/{tests[t]:g}): passed"]
                 exercises[ex] = {"score": sum(test_scores[t] for t in exercise_tests[ex]),
                                  "max_score": sum(tests[t] for t in exercise_tests[ex]), "feedback": feedback}
             entry.update(status="ok", score=sum(test_scores.values()), reason="", exercises=exercises,
-                         tests=test_scores)
+                         tests=test_scores, outcomes=outcomes)
         scores[student] = entry["tests"]
         lines.append(json.dumps(entry))
     ledger.path.write_text("\n".join(lines) + "\n")

@@ -218,8 +218,8 @@ def verify(chapters) -> int:
             for (path, label), r in zip(paths.items(), grade_forked(list(paths))):
                 if r.get("score") != r.get("max_score") or "error" in r:
                     failures += 1
-                    lost = {ex: [f for f in e["feedback"] if "passed" not in f]
-                            for ex, e in r.get("exercises", {}).items() if e["score"] != e["max_score"]}
+                    lost = {o["test_id"]: [v["message"] for v in o["verdicts"]]
+                            for o in r.get("outcomes", []) if o["verdicts"]}
                     print(f"FAILED {chapter} {label}: {r.get('error', '')} {json.dumps(lost)[:600]}")
             print(f"{chapter}: {len(paths)} notebooks graded", flush=True)
     return failures

@@ -244,14 +244,14 @@ def common_tampering(chapter: str) -> dict:
     return {name: tampered(chapter, before, after) for name, (before, after) in tricks.items()}
 
 
-def feedback_by_test(result: dict) -> dict[str, str]:
-    """test id -> all its feedback lines (a test can report a hint after its main reason)."""
-    out: dict[str, str] = {}
-    for exercise in result["exercises"].values():
-        for line in exercise["feedback"]:
-            test_id = line.split(" ", 1)[0]
-            out[test_id] = out.get(test_id, "") + line + "\n"
-    return out
+def outcomes_by_test(result: dict) -> dict[str, dict]:
+    """test id -> its outcome (``TestOutcome.as_dict``: score, points, verdicts), from ``Report.as_result``."""
+    return {o["test_id"]: o for o in result["outcomes"]}
+
+
+def told(outcome: dict) -> str:
+    """An outcome's messages, one a line (a test can report a hint after its main reason)."""
+    return "".join(v["message"] + "\n" for v in outcome["verdicts"])
 
 
 def _project_digest() -> dict[str, str]:
@@ -264,14 +264,15 @@ def _project_digest() -> dict[str, str]:
 
 def check_mistake(expected: dict, result: dict, test_points: dict):
     assert "error" not in result, result
-    lines = feedback_by_test(result)
-    assert set(lines) == set(test_points), lines
+    outcomes = outcomes_by_test(result)
+    assert set(outcomes) == set(test_points), outcomes
     for test_id, points in test_points.items():
+        o = outcomes[test_id]
         if test_id in expected:
-            assert f"(0/{points:g})" in lines[test_id], (test_id, lines[test_id])
-            assert expected[test_id] in lines[test_id], (test_id, lines[test_id])
+            assert (o["score"], o["points"]) == (0, points) and o["verdicts"], (test_id, o)
+            assert expected[test_id] in told(o), (test_id, told(o))
         else:
-            assert f"({points:g}/{points:g}): passed" in lines[test_id], (test_id, lines[test_id])
+            assert (o["score"], o["points"], o["verdicts"]) == (points, points, []), (test_id, told(o))
 
 
 class CatalogTests:

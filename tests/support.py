@@ -6,7 +6,7 @@
   two grading processes (``grading_pool``); ``written`` saves notebooks where the grader reads them;
 * ``judge_notebooks``: in process (``autograder.inprocess.grade_forked``), each notebook in a process
   forked from a worker that has prepared its chapter;
-* ``scores_by_test``: a result's feedback lines by test id.
+* ``scores_by_test``: a result's outcomes by test id, as one line each for assertions.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _grade_one(path: str, limits: dict | None = None):
             slot = KernelSlot(limits=dataclasses.replace(Limits.from_environment(), **limits))
         else:
             slot = _kernels.take(Path(path))
-        return grade(Path(path), slot=slot).as_json()
+        return grade(Path(path), slot=slot).as_result()
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
 
@@ -100,12 +100,11 @@ def grade_notebooks(notebooks: dict[str, nbformat.NotebookNode], tmp: Path,
 
 
 def scores_by_test(result: dict) -> dict[str, str]:
-    """test id -> its feedback lines joined, for assertions."""
-    out: dict[str, list[str]] = {}
-    for exercise in result["exercises"].values():
-        for line in exercise["feedback"]:
-            out.setdefault(line.split(" ", 1)[0], []).append(line)
-    return {test_id: " | ".join(lines) for test_id, lines in out.items()}
+    """test id -> "test (score/points): message | ..." (or ": passed"), told from the result's
+    ``outcomes`` (``Report.as_result``), for assertions."""
+    return {o["test_id"]: " | ".join(f"{o['test_id']} ({o['score']:g}/{o['points']:g}): {message}"
+                                     for message in [v["message"] for v in o["verdicts"]] or ["passed"])
+            for o in result["outcomes"]}
 
 
 def _judge_one(path: str):

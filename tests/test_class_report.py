@@ -215,8 +215,6 @@ def shared_failure_class(tmp_path_factory):
     """A class of 20 of Chapter 2 graded in process (no nbgrader): kim and lee lose the four
     scaled_dot_product_attention tests with the same named mistake, each in their own code; 12 others
     share the causal mask's mistake; 6 hand in the reference. Its reports written from the ledger."""
-    import re
-
     import nbformat
 
     from autograder.classroom import class_report
@@ -232,17 +230,17 @@ def shared_failure_class(tmp_path_factory):
         paths[key] = folder / f"graded-{i}.ipynb"
         nbformat.write(submission(json.loads(key), chapter=CHAPTER), paths[key])
     results = dict(zip(paths, grade_forked(list(paths.values()))))
-    line = re.compile(r"^(\w+) \(([\d.]+)/")
     totals = {}
     for student, cells in answers.items():
         result = results[json.dumps(cells, sort_keys=True)]
         notebook = folder / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb"
         notebook.parent.mkdir(parents=True)
         nbformat.write(submission(cells, chapter=CHAPTER), notebook)
-        tests = {m[1]: float(m[2]) for ex in result["exercises"].values() for m in map(line.match, ex["feedback"])}
+        tests = {o["test_id"]: o["score"] for o in result["outcomes"]}
         Ledger(folder).append({"student": student, "chapter": CHAPTER, "sha256": "", "status": "ok", "reason": "",
                                "score": result["score"], "max_score": result["max_score"],
-                               "exercises": result["exercises"], "tests": tests, "repairs": [], "notes": []})
+                               "exercises": result["exercises"], "tests": tests, "outcomes": result["outcomes"],
+                               "repairs": [], "notes": []})
         totals[student] = result["score"]
     class_report.write(folder, scores={CHAPTER: totals})
     with open(folder / "class-similarity.csv") as f:

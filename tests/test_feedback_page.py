@@ -12,11 +12,11 @@ import re
 
 from autograder.feedback import MATHJAX_FOLDER, as_html, scores_page, unavailable_page, verdict_output, write_page
 from autograder.messages import msg
-from autograder.judge.cells import TestOutcome
+from autograder.judge.outcome import TestOutcome, Verdict
 
 
 def outcome(*problems, score=0.0):
-    return TestOutcome("test_GPT_cache", "GPT", 2.0, score, list(problems))
+    return TestOutcome("test_GPT_cache", "GPT", 2.0, score, [Verdict(p) for p in problems])
 
 
 def test_backticks_become_code_and_one_reason_is_one_line():
@@ -56,7 +56,7 @@ def test_a_graded_submission_without_its_full_page_gets_its_scores_and_verdicts(
     and does not say the submission could not be graded."""
     outcomes = [TestOutcome("test_causal_mask", "causal_mask", 2.0, 2.0, []),
                 TestOutcome("test_sdpa_scaling", "scaled_dot_product_attention", 3.0, 0.0,
-                            [msg("`{name}` differs", name="weights")])]
+                            [Verdict(msg("`{name}` differs", name="weights"))])]
     page = scores_page("ada", "02_self_attention", outcomes, "en")
     assert "Score: 2 / 5" in page and "could not be graded" not in page, page
     assert "test_sdpa_scaling" in page and "<code>weights</code> differs" in page and "passed" in page, page

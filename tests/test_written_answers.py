@@ -109,10 +109,10 @@ def test_a_submission_keeps_its_written_answer_and_tells_answered_from_the_promp
 
 
 def test_the_report_lists_them_pending_not_lost():
-    from autograder.judge.cells import TestOutcome
+    from autograder.judge.outcome import TestOutcome, Verdict
     from autograder.report import Report
     outcomes = [TestOutcome("test_causal_mask", "causal_mask", 2.0, 2.0, []),
-                TestOutcome("test_padding_mask", "padding_mask", 1.0, 0.0, ["wrong"])]
+                TestOutcome("test_padding_mask", "padding_mask", 1.0, 0.0, [Verdict("wrong")])]
     answered = {"written_key_bias_gradient": {"max_score": 2.0, "answered": True}}
     report = Report("02_self_attention", "ada", outcomes, written=answered)
     data = report.as_json()

@@ -1,8 +1,8 @@
 """The class report: what a class run found, as tables, one self-contained HTML page and a CSV.
 
 Read from what the class run stores: scores from the gradebook (``gradebook.db``, the
-record), per-exercise feedback lines and reasons from the ledger
-(``.grading/ledger.jsonl``), run times from ``.grading/runs.jsonl``, and answer cells from
+record), each test's outcome (points, verdicts: ``judge.outcome.TestOutcome.as_dict``) and the
+reasons from the ledger (``.grading/ledger.jsonl``), run times from ``.grading/runs.jsonl``, and answer cells from
 the submitted notebooks (for the similarity page, ``similarity``).
 
     class-report.html      score distribution per chapter, pass rate per exercise and per
@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import csv
 import json
-import re
 import statistics
 import time
 from collections import defaultdict
@@ -38,38 +37,15 @@ SIMILARITY_HTML, SIMILARITY_CSV = "class-similarity.html", "class-similarity.csv
 RUNS = Path(".grading") / "runs.jsonl"
 SHOWN_PAIRS = 25  # per exercise on the page; the CSV has them all
 
-_LINE = re.compile(r"^(?P<test>[\w.]+) \((?P<got>[\d.]+)/(?P<max>[\d.]+)\): (?P<message>.*)$")
-
-
-def mistake_of(message: str) -> str:
-    """A feedback message without its trailing note of which case failed: "scores not scaled by
-    1/sqrt(d_k) (batch dims (), N_q=4)" -> "scores not scaled by 1/sqrt(d_k)"."""
-    text = message.rstrip()
-    if not text.endswith(")"):
-        return text
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        depth += {")": 1, "(": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[:i].rstrip() if i > 0 and text[i - 1] == " " and text[:i].strip() else text
-    return text
-
-
-# The grader's own verdicts on a target begin with its name ("`f` raised ...", "`f`: output 0
-# differs from the reference", "`f` is not implemented yet"); a chapter's named mistakes and checks
-# do not. Two of the former need not be the same wrong values, so they are no shared failure.
-_GRADERS_OWN = ("`", "backpropagating through `")
-
-
 def lost_tests(entry: dict, grades: dict | None = None) -> list:
     """The tests a graded ledger entry lost points on, each with the named mistake of its verdict
     (``similarity.Lost``; for the similarity report's shared failures).
 
-    Test ids, scores and points are data: the gradebook's grades (a grader's manual score over the
-    auto score) when given, else the ledger's scores, and the chapter's points. The named mistake
-    is not: the ledger keeps each verdict only as the feedback line "test (got/max): message", so
-    this function is the one place that parses it for the similarity report (until verdicts are
-    recorded as data). A test whose lines name no mistake is left out.
+    Read from the entry's outcomes: the gradebook's grades (a grader's manual score over the auto
+    score) when given, else the ledger's scores, and the chapter's points; a verdict's ``mistake``,
+    the chapter's own name for what is wrong (a ``Mistake`` it reproduces, a check, a memory rule).
+    The grader's own verdicts ("`f` raised ...", "`f`: output 0 differs from the reference") name
+    none: two of them need not be the same wrong values, so they are no shared failure.
     """
     from ..chapters import known
     from .similarity import Lost
@@ -80,17 +56,14 @@ def lost_tests(entry: dict, grades: dict | None = None) -> list:
     points = dict(info.tests) if info else {}
     scores = {t: g["score"] for t, g in grades.items()} or dict(entry.get("tests", {}))
     lost: dict[tuple[str, str], Lost] = {}
-    for exercise, ex in sorted(entry.get("exercises", {}).items()):
-        for line in ex.get("feedback", []):
-            m = _LINE.match(line)
-            if not m or m["message"].startswith(_GRADERS_OWN):
-                continue
-            test = m["test"]
-            top = grades[test]["max_score"] if test in grades else points.get(test, float(m["max"]))
-            score = float(scores.get(test, m["got"]))
-            if score < top:
-                mistake = mistake_of(m["message"])
-                lost.setdefault((test, mistake), Lost(test, exercise, score, top, mistake))
+    for outcome in sorted(entry.get("outcomes", []), key=lambda o: o["exercise"]):
+        test = outcome["test_id"]
+        top = grades[test]["max_score"] if test in grades else points.get(test, outcome["points"])
+        score = float(scores.get(test, outcome["score"]))
+        for verdict in outcome["verdicts"]:
+            if verdict["mistake"] is not None and score < top:
+                lost.setdefault((test, verdict["mistake"]),
+                                Lost(test, outcome["exercise"], score, top, verdict["mistake"]))
     return list(lost.values())
 
 
@@ -190,14 +163,12 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
                                   for e in sorted(mine, key=lambda e: e["student"])}
         report.max_score[chapter] = max((e["max_score"] for e in mine), default=0)
         report.exercises[chapter] = {}
-        # every entry names every test (0 points when it could not be graded); points from the feedback
+        # every entry names every test (0 points when it could not be graded); points from the outcomes
         points = {t: None for e in mine for t in e["tests"]}
         for e in mine:
-            for ex in e.get("exercises", {}).values():
-                for line in ex["feedback"]:
-                    m = _LINE.match(line)
-                    if m and m["test"] in points:
-                        points[m["test"]] = float(m["max"])
+            for outcome in e.get("outcomes", []):
+                if outcome["test_id"] in points:
+                    points[outcome["test_id"]] = float(outcome["points"])
         report.tests[chapter] = {t: [0, 0, 1.0 if p is None else p] for t, p in points.items()}
     from .gradebook import exercise_of, grade_scores, lateness, pending_by_hand, written_of
     grades = grade_scores(folder) if scores is None else {}
@@ -222,11 +193,10 @@ def tables(folder: Path, scores: dict | None = None) -> Report:
         tests = {t: g["score"] for t, g in grades.get((chapter, e["student"]), {}).items()
                  if t in report.tests[chapter]} or e["tests"]
         earned: dict[str, float] = {}
-        for name, ex in e.get("exercises", {}).items():
-            for line in ex["feedback"]:
-                m = _LINE.match(line)
-                if m and float(m["got"]) < float(m["max"]) and tests.get(m["test"], 0) < float(m["max"]):
-                    who[(chapter, name, mistake_of(m["message"]))].add(e["student"])
+        for outcome in e.get("outcomes", []):
+            if outcome["score"] < outcome["points"] and tests.get(outcome["test_id"], 0) < outcome["points"]:
+                for verdict in outcome["verdicts"]:
+                    who[(chapter, outcome["exercise"], verdict["what"])].add(e["student"])
         for test, score in tests.items():
             row = report.tests[chapter].setdefault(test, [0, 0, score])
             row[0] += score >= row[2]

@@ -63,14 +63,14 @@ def record(folder: Path, task_student: str, chapter: str, sha: str, status: str,
         entry.update(score=data["score"], max_score=data["max_score"], reason="",
                      exercises={k: {"score": v["score"], "max_score": v["max_score"],
                                     "feedback": v["feedback"]} for k, v in data["exercises"].items()},
-                     tests={t["test_id"]: t["score"] for t in data["tests"]}, repairs=data.get("repairs", []),
-                     notes=(autograded or {}).get("notes", []))
+                     tests={o["test_id"]: o["score"] for o in data["outcomes"]}, outcomes=data["outcomes"],
+                     repairs=data.get("repairs", []), notes=(autograded or {}).get("notes", []))
         if autograded:
             entry.update(grades=autograded["grades"], comments=autograded["comments"])
     else:
         points = info.tests if info else {}
         entry.update(score=0.0, max_score=sum(points.values()), reason=str(data).splitlines()[0][:300],
-                     exercises={}, tests={t: 0.0 for t in points}, repairs=[], notes=[])
+                     exercises={}, tests={t: 0.0 for t in points}, outcomes=[], repairs=[], notes=[])
     write_autograded(folder, task_student, chapter, autograded["notebook"] if autograded else None, submitted)
     if status == "ok" and data.get("feedback_page"):
         page = data["feedback_page"]

@@ -1,7 +1,6 @@
 """Worker processes that grade one submission at a time; one that overruns is killed with its kernels."""
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 import queue
@@ -59,8 +58,7 @@ def _worker(tasks, results, private: tuple[str, ...], sandboxed: bool):
                 try:
                     report = grade(Path(path), student=student, chapter=chapter_known, feedback=True,
                                    private=private_paths, sandboxed=sandboxed, slot=slot, keep_course=kept)
-                    data = report.as_json()
-                    data["tests"] = [dataclasses.asdict(o) for o in report.outcomes]
+                    data = report.as_result()
                     data["repairs"] = report.repairs
                     data["feedback_page"] = report.feedback_page
                     data["autograded"] = _autograded(kept, student, report.chapter, executed.pop("notebook", None))
