@@ -50,14 +50,27 @@ def tampering_answer(root: Path, hidden: str) -> str:
         """)
 
 
+# The escape suite's cases that a platform run repeats (issue 50: "the attack catalog gains nothing
+# through either adapter"): the catalog's fake probe module on the untouched notebook (must score 0)
+# and test_escape_records' cheat, the built-in behind a helper with the recorder silenced (its
+# from-scratch exercise's tests lost, "from scratch"). The catalog's other tricks name this
+# checkout's paths (the reference where the repository has it), which a package does not have:
+# tampering_answer tries the package's.
+FROM_THE_ESCAPE_SUITE = ("catalog: fake probe module", "escape records: silenced recorder")
+
+
 def submissions(root: Path, hidden: str) -> dict[str, nbformat.NotebookNode | bytes | None]:
     """name -> what is handed in: a notebook, raw bytes (an unreadable file) or None (nothing)."""
+    from catalog import common_tampering
+    from test_escape_records import cheat
     return {"full marks": submission(),
             "partly wrong": submission({"scaled_dot_product_attention": unscaled_answer()}),
             "tampering": submission({"scaled_dot_product_attention": tampering_answer(root, hidden)}),
             "empty file": b"",
             "nothing": None,
-            "another chapter": submission(chapter="03_multi_head_attention")}
+            "another chapter": submission(chapter="03_multi_head_attention"),
+            FROM_THE_ESCAPE_SUITE[0]: common_tampering(CHAPTER)["fake_probe_module"],
+            FROM_THE_ESCAPE_SUITE[1]: cheat(CHAPTER)}
 
 
 def hand_in(folder: Path, handed, name: str) -> None:

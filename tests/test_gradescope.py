@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from platform_submissions import CHAPTER, hand_in, platform_env, submissions, validate
+from platform_submissions import CHAPTER, FROM_THE_ESCAPE_SUITE, hand_in, platform_env, submissions, validate
 from support import ROOT
 
 pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
@@ -135,3 +135,15 @@ def test_what_cannot_be_graded_scores_zero_with_a_reason(graded, name):
     reason = {"empty file": "empty", "nothing": "no notebook",
               "another chapter": "a notebook of 03\\_multi\\_head\\_attention, not of 02"}
     assert reason[name] in data["output"], data["output"]
+
+
+@pytest.mark.parametrize("name", FROM_THE_ESCAPE_SUITE)
+def test_the_escape_suites_cases_gain_nothing_through_gradescope(graded, name):
+    data, log, _ = graded[name]
+    scores = {t["name"]: t for t in data["tests"]}
+    assert scores, log
+    if name.startswith("catalog"):  # the untouched notebook and a fake attn_probe: nothing earned
+        assert data["score"] == 0.0, log
+    else:  # the built-in behind a helper, the recorder silenced: its exercise's tests lost
+        lost = [t for t in data["tests"] if t["tags"] == ["scaled_dot_product_attention"]]
+        assert lost and all(t["score"] == 0 and "from scratch" in t["output"] for t in lost), lost

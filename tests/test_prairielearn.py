@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from platform_submissions import CHAPTER, hand_in, platform_env, submissions, validate
+from platform_submissions import CHAPTER, FROM_THE_ESCAPE_SUITE, hand_in, platform_env, submissions, validate
 from support import ROOT
 
 pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book build
@@ -124,6 +124,17 @@ def test_what_is_not_the_chapters_notebook_is_not_gradable_and_costs_no_attempt(
     data, _, log = graded[name]
     assert data["gradable"] is False and "score" not in data, log
     assert data["format_errors"] and data["message"]
+
+
+@pytest.mark.parametrize("name", FROM_THE_ESCAPE_SUITE)
+def test_the_escape_suites_cases_gain_nothing_through_prairielearn(graded, name):
+    data, _, log = graded[name]
+    assert data["gradable"] and data["tests"], log
+    if name.startswith("catalog"):  # the untouched notebook and a fake attn_probe: nothing earned
+        assert data["score"] == 0.0, log
+    else:  # the built-in behind a helper, the recorder silenced: its exercise's tests lost
+        lost = [t for t in data["tests"] if t["description"] == "scaled_dot_product_attention"]
+        assert lost and all(t["points"] == 0 and "from scratch" in t["output"] for t in lost), lost
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker on this machine")

@@ -134,6 +134,17 @@ def grade_one(folder: Path, chapter: str, private: tuple[Path, ...] = (), choice
         return Graded(chapter, how, time.monotonic() - start, failed=f"{type(err).__name__}: {first}"[:500])
 
 
+def write_results(folder: Path, data: dict, graded: Graded, summary: str) -> None:
+    """FOLDER/results.json (whole or not at all: a platform reads it once the script ends), and the
+    job's log line for the instructor: SUMMARY, the seconds, the isolation, a grader failure."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json.part").write_text(json.dumps(data, ensure_ascii=False))
+    (folder / "results.json.part").replace(folder / "results.json")
+    print(f"{graded.chapter}: {summary} in {graded.seconds:.1f} s; kernel isolated by {graded.isolation}")
+    if graded.failed:
+        print(f"grader failure: {graded.failed}")
+
+
 def _refuse_another_chapter(path: Path, chapter: str) -> None:
     """A notebook whose metadata names another chapter of the course is refused, as ``grade``
     refuses it (the package holds one chapter, so ``submission.load`` knows no other)."""

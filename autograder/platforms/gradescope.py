@@ -11,7 +11,6 @@ and writes ``/autograder/results/results.json`` as Gradescope's specification sa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -115,14 +114,8 @@ def run(root: Path) -> dict:
     graded = bundle.grade_one(root / "submission", chapter, private,
                               os.environ.get(bundle.ISOLATION_VARIABLE, "auto"))
     data = results(graded)
-    out = root / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json.part").write_text(json.dumps(data, ensure_ascii=False))
-    (out / "results.json.part").replace(out / "results.json")
-    # the instructor's log (Gradescope shows run_autograder's output to instructors only)
-    print(f"{chapter}: score {data['score']:g} in {graded.seconds:.1f} s; kernel isolated by {graded.isolation}")
-    if graded.failed:
-        print(f"grader failure: {graded.failed}")
+    # its log: Gradescope shows run_autograder's output to instructors only
+    bundle.write_results(root / "results", data, graded, f"score {data['score']:g}")
     return data
 
 

@@ -133,15 +133,8 @@ def run(root: Path, chapter: str) -> dict:
         graded = bundle.grade_one(root / "student", chapter, private,
                                   os.environ.get(bundle.ISOLATION_VARIABLE, "auto"))
     data = results(graded)
-    out = root / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json.part").write_text(json.dumps(data, ensure_ascii=False))
-    (out / "results.json.part").replace(out / "results.json")
-    # the job's log, for the instructor
-    print(f"{chapter}: gradable {data['gradable']}, score {data.get('score', 0):.3f} in {graded.seconds:.1f} s; "
-          f"kernel isolated by {graded.isolation}")
-    if graded.failed:
-        print(f"grader failure: {graded.failed}")
+    bundle.write_results(root / "results", data, graded,
+                         f"gradable {data['gradable']}, score {data.get('score', 0):.3f}")
     return data
 
 
