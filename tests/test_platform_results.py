@@ -70,3 +70,20 @@ def test_an_unknown_chapter_is_one_line_and_exit_2(platform, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown chapter(s): 99_nothing")
     assert not any(tmp_path.iterdir())
+
+
+def test_the_submitted_notebook_is_found_whatever_its_name_but_never_through_a_link(tmp_path):
+    folder = tmp_path / "submission"
+    (folder / ".ipynb_checkpoints").mkdir(parents=True)
+    (folder / ".ipynb_checkpoints" / f"{CHAPTER}.ipynb").write_text("{}")
+    assert bundle.find_notebook(folder, CHAPTER) is None
+    secret = tmp_path / "package" / f"{CHAPTER}.ipynb"  # the instructor notebook, in the package
+    secret.parent.mkdir()
+    secret.write_text("{}")
+    (folder / f"{CHAPTER}.ipynb").symlink_to(secret)
+    (folder / "linked").symlink_to(secret.parent, target_is_directory=True)
+    assert bundle.find_notebook(folder, CHAPTER) is None
+    (folder / "b").mkdir()
+    (folder / "b" / "my homework.ipynb").write_text("{}")
+    (folder / "a.ipynb").write_text("{}")
+    assert bundle.find_notebook(folder, CHAPTER) == folder / "a.ipynb"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -105,10 +106,15 @@ class Graded:
 
 
 def find_notebook(folder: Path, chapter: str) -> Path | None:
-    """The submitted notebook in FOLDER, whatever its name: <chapter>.ipynb first, else the only or
-    first .ipynb (checkpoints and hidden folders left out)."""
-    found = sorted(p for p in folder.rglob("*.ipynb") if p.is_file()
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    """The submitted notebook in FOLDER, whatever its name: <chapter>.ipynb first, else the first
+    .ipynb in name order. Hidden folders (checkpoints) are left out, and so is every link: a
+    submission's link to the package's instructor notebook would be graded as the learner's."""
+    found = []
+    for top, folders, files in os.walk(folder, followlinks=False):
+        folders[:] = sorted(f for f in folders if not f.startswith(".") and not os.path.islink(os.path.join(top, f)))
+        found += [Path(top, f) for f in files if f.endswith(".ipynb") and not f.startswith(".")
+                  and not os.path.islink(os.path.join(top, f)) and os.path.isfile(os.path.join(top, f))]
+    found.sort()
     own = [p for p in found if p.name == f"{chapter}.ipynb"]
     return (own or found or [None])[0]
 
