@@ -21,8 +21,7 @@ pytestmark = pytest.mark.pipeline  # the real pipeline, a class run or the book 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     out = tmp_path_factory.mktemp("gradescope")
-    proc = subprocess.run([sys.executable, "-m", "autograder.platforms.gradescope", "build", CHAPTER,
-                           "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "autograder", "gradescope", CHAPTER, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out / f"{CHAPTER}-gradescope.zip"

@@ -23,8 +23,8 @@ QUESTION = f"attention_from_scratch_{CHAPTER}"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("prairielearn")
-    proc = subprocess.run([sys.executable, "-m", "autograder.platforms.prairielearn", "build", CHAPTER,
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "prairielearn", CHAPTER, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
