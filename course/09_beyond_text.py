@@ -432,8 +432,6 @@ def _bicubic_grid(m, gh, gw, mode="bicubic", align_corners=False, swap=False, ch
     grid = pos[:, 1:].reshape(1, d, g, g) if channels_as_grid else pos[:, 1:].reshape(1, g, g, d).permute(0, 3, 1, 2)
     size = (gw, gh) if swap else (gh, gw)
     grid = F.interpolate(grid, size=size, mode=mode, align_corners=align_corners)
-    if swap:
-        grid = grid.transpose(2, 3)
     return torch.cat([pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, -1, d)], dim=1)
 
 
@@ -442,9 +440,11 @@ def _embed_with(**wrong):
 
 
 def _positions_before_cls(m, images, interpolate_pos_encoding=False):
-    """Positions added to the patches only, then the class token prepended (it gets no position)."""
-    B = images.shape[0]
-    x = m.projection(ref.patchify(images, m.patch_size)) + m.position_embeddings[:, 1:]
+    """Positions (interpolated where the size asks for it) added to the patches only, then the class token
+    prepended (it gets no position)."""
+    B, _, H, W = images.shape
+    p = m.patch_size
+    x = m.projection(ref.patchify(images, p)) + _bicubic_grid(m, H // p, W // p)[:, 1:]
     return torch.cat([m.cls_token.expand(B, -1, -1), x], dim=1)
 
 
@@ -457,6 +457,24 @@ def _positions_before_cls_shifted(m, images, interpolate_pos_encoding=False):
 
 def _no_positions(m, gh, gw):
     return torch.zeros_like(m.position_embeddings[:, :1])
+
+
+def _cls_zeros(m, B):
+    """A class token made in forward (zeros) instead of the parameter self.cls_token."""
+    return torch.zeros(B, 1, m.cls_token.size(-1), dtype=m.cls_token.dtype)
+
+
+def _same_rows_hint(what, fix):
+    """A check for a batch of identical examples: their outputs must be identical too."""
+    def check(probe, value):
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.size(0) > 1 and value.is_floating_point():
+            if not torch.allclose(value, value[:1].expand_as(value), atol=1e-5, rtol=1e-4):
+                return f"identical examples in the batch got different {what}: {fix}"
+        return None
+    return check
+
+
+CLS_SHARED = _same_rows_hint("outputs", "one self.cls_token, the same for every image (expand it to (B, 1, d))")
 
 
 def _cls_per_example(m, B):
@@ -499,6 +517,8 @@ EMBED_MISTAKES = [
             _embed_with(positions=_no_positions)),
     Mistake("the class token is not shared by the batch: every image gets the same self.cls_token "
             "(expand it to (B, 1, d))", _embed_with(cls=_cls_per_example)),
+    Mistake("the class token is not self.cls_token: prepend the learned parameter (expanded to (B, 1, d)), not "
+            "a tensor made in forward", _embed_with(cls=_cls_zeros)),
 ]
 INTERPOLATE_MISTAKES = [
     Mistake("the position table was resized as a sequence, class token included: keep row 0 (the class token's) "
@@ -529,6 +549,8 @@ def _(t):
     t.module("ViTEmbeddings", EMB_INIT, t.randn(2, 1, 8, 8, dtype=torch.float64), dtype=torch.float64,
              label="float64", **E)
     t.module("ViTEmbeddings", EMB_INIT, t.randn(2, 1, 8, 8), grad=True, label="gradients", **E)
+    t.module("ViTEmbeddings", EMB_INIT, t.randn(1, 1, 8, 8).expand(3, 1, 8, 8).clone(), checks=(CLS_SHARED,),
+             label="a batch of 3 identical images", **E)
     state = {n: t.randn(*p.shape) * 0.5 for n, p in ref.ViTEmbeddings(**EMB_INIT).named_parameters()}
     refuse = [Mistake("an image of another size was accepted without interpolate_pos_encoding=True: raise "
                       "ValueError", lambda init, state, images: torch.tensor(0.0))]
@@ -539,7 +561,7 @@ def _(t):
 
 @hidden.test("test_ViTEmbeddings_interpolate")
 def _(t):
-    E = dict(mistakes=INTERPOLATE_MISTAKES + EMBED_MISTAKES[2:], deps=("patchify",))
+    E = dict(mistakes=INTERPOLATE_MISTAKES + EMBED_MISTAKES, deps=("patchify",))
     t.module("ViTEmbeddings", EMB_INIT, t.randn(2, 1, 12, 12), interpolate_pos_encoding=True,
              label="12x12 on a model of 8x8, p=2", **E)
     t.module("ViTEmbeddings", EMB_INIT, t.randn(2, 1, 8, 16), interpolate_pos_encoding=True,
@@ -552,6 +574,8 @@ def _(t):
              dtype=torch.float64, label="4x12, float64", **E)
     t.module("ViTEmbeddings", EMB_INIT, t.randn(1, 1, 12, 8), interpolate_pos_encoding=True, grad=True,
              label="12x8, gradients", **E)
+    t.module("ViTEmbeddings", EMB_INIT, t.randn(1, 1, 12, 12).expand(2, 1, 12, 12).clone(),
+             interpolate_pos_encoding=True, checks=(CLS_SHARED,), label="2 identical 12x12 images", **E)
 
 
 # %% [markdown]
@@ -659,6 +683,20 @@ def _layer_with(**wrong):
     return lambda m, x: _layer(m, x, **wrong)
 
 
+def _layer_residual_of_normed(m, x):
+    """Both residuals add the normalised input instead of the stream itself."""
+    z = m.layernorm_before(x)
+    h = z + m.attention(z)
+    u = m.layernorm_after(h)
+    return u + m.fc2(F.gelu(m.fc1(u)))
+
+
+def _layer_attention_residual_of_normed(m, x):
+    z = m.layernorm_before(x)
+    h = z + m.attention(z)
+    return h + m.fc2(F.gelu(m.fc1(m.layernorm_after(h))))
+
+
 def _layer_mlp_on_x(m, x):
     """The MLP reads x instead of the attention's output h."""
     h = x + m.attention(m.layernorm_before(x))
@@ -677,6 +715,10 @@ LAYER_MISTAKES = [
             _layer_with(swap_norms=True)),
     Mistake("the MLP reads x: it reads layernorm_after(h), h the output of the attention's residual",
             _layer_mlp_on_x),
+    Mistake("the residuals add the normalised input: pre-LN adds the un-normalised stream, "
+            "h = x + attention(layernorm_before(x))", _layer_attention_residual_of_normed),
+    Mistake("the residuals add the normalised inputs: pre-LN adds the un-normalised stream, "
+            "h = x + attention(layernorm_before(x)), then h + mlp(layernorm_after(h))", _layer_residual_of_normed),
 ]
 
 
@@ -1016,10 +1058,10 @@ assert abs(mean_attention_distance(md_wide, (2, 3), 1)[0].item() - md_wide_want)
 
 
 # %% [hidden]
-def _distance(attn, grid_size, patch_size, unit=True, drop_cls=True, renorm=True, layout="rows", metric=2,
+def _distance(attn, grid_size, patch_size, unit=True, drop="first", renorm=True, layout="rows", metric=2,
               reduce="mean"):
     gh, gw = grid_size
-    w = attn[..., 1:, 1:] if drop_cls else attn
+    w = attn[..., 1:, 1:] if drop == "first" else attn[..., :-1, :-1]
     if renorm:
         w = w / w.sum(-1, keepdim=True)
     if layout == "rows":
@@ -1027,12 +1069,7 @@ def _distance(attn, grid_size, patch_size, unit=True, drop_cls=True, renorm=True
     else:                                          # columns first: patch n at row n % gh, column n // gh
         rows, cols = torch.arange(gh).repeat(gw), torch.arange(gw).repeat_interleave(gh)
     centres = torch.stack([rows, cols], -1).to(attn.dtype) * (patch_size if unit else 1)
-    dist = torch.cdist(centres, centres, p=metric)
-    if not drop_cls:
-        dist = F.pad(dist, (1, 0, 1, 0))
-        w = w[..., 1:, :]
-        dist = dist[1:]
-    d = (w * dist).sum(-1)
+    d = (w * torch.cdist(centres, centres, p=metric)).sum(-1)
     return d.mean(dim=(0, 2)) if reduce == "mean" else d.sum(dim=(0, 2))
 
 
@@ -1043,12 +1080,10 @@ def _distance_with(**wrong):
 DISTANCE_MISTAKES = [
     Mistake("distances in patches: the spec asks for pixels, patch_size pixels per patch step",
             _distance_with(unit=False)),
-    Mistake("the class token was not dropped: remove its row and column (index 0) before weighting distances",
-            _distance_with(drop_cls=False)),
-    Mistake("the rows were not renormalised after dropping the class token: divide each row by its sum over "
-            "the N patches", _distance_with(renorm=False)),
-    Mistake("the class token's weights were kept (distance 0 to it) and rows not renormalised",
-            _distance_with(drop_cls=False, renorm=False)),
+    Mistake("the rows were not renormalised after dropping the class token (or, the same numbers, its weight "
+            "was kept at distance 0): drop its row and column, then divide each row by its sum over the N patches",
+            _distance_with(renorm=False)),
+    Mistake("the last token was dropped: the class token is token 0", _distance_with(drop="last")),
     Mistake("the patches were laid out column by column: patch n is at row n // gw, column n % gw",
             _distance_with(layout="columns")),
     Mistake("Manhattan distance: the spec asks for the Euclidean distance between patch centres",
@@ -1400,6 +1435,8 @@ FOURIER_MISTAKES = [
     Mistake("positions in [0, 1]: the grid is linspace(-1, 1, n_d)", _fourier_with(grid=(0.0, 1.0))),
     Mistake("points in column-major order (indexing='xy'): use torch.meshgrid(..., indexing='ij')",
             _fourier_with(indexing="xy")),
+    Mistake("max_resolution was ignored: the frequencies go up to max_resolution / 2 when it is given",
+            lambda index_dims, num_bands, max_resolution=None: _fourier(index_dims, num_bands, None)),
 ]
 
 
@@ -1716,12 +1753,39 @@ def _encode_cross_every_block(m, inputs):
     return z
 
 
+def _encode_each_layer_repeated(m, inputs):
+    z = m.cross_attention(m.latents.expand(inputs.size(0), -1, -1), inputs)
+    for layer in m.self_attends:
+        for _ in range(m.num_blocks):
+            z = layer(z)
+    return z
+
+
+def _encode_swapped(m, inputs):
+    """cross_attention(inputs, latents): the inputs as queries."""
+    z = m.cross_attention(inputs, m.latents.expand(inputs.size(0), -1, -1))
+    for _ in range(m.num_blocks):
+        for layer in m.self_attends:
+            z = layer(z)
+    return z
+
+
+LATENTS_SHARED = _same_rows_hint("latents", "one self.latents array, the same for every example and every call "
+                                 "(expand it to (B, N, d_latents); never make new values in forward)")
+QUERIES_SHARED = _same_rows_hint("outputs", "one self.output_queries, the same for every example (expand it to "
+                                 "(B, num_outputs, query_dim))")
+
+
 ENCODER_MISTAKES = [
     Mistake("the latent array is not shared across the batch: every example starts from the same self.latents "
             "(expand it to (B, N, d_latents))", _encode_with(latents=_latents_per_example)),
     Mistake("the self-attention block was applied once: apply it num_blocks times", _encode_with(blocks=lambda m: 1)),
-    Mistake("each self-attention layer of the block ran once, num_blocks ignored",
-            _encode_with(blocks=lambda m: 1, order=1)),
+    Mistake("each layer was repeated num_blocks times in a row: the block as a whole repeats (layer 1, layer 2, "
+            "layer 1, layer 2, ...)", _encode_each_layer_repeated),
+    Mistake("no self-attention: after the cross-attention, apply the self_attends block num_blocks times",
+            _encode_with(blocks=lambda m: 0)),
+    Mistake("the queries were taken from the inputs: the latents are the queries of the cross-attention, "
+            "cross_attention(latents, inputs)", _encode_swapped),
     Mistake("the self-attention layers ran in reverse order", _encode_with(order=-1)),
     Mistake("the cross-attention was skipped: the latents first cross-attend to the inputs",
             _encode_with(cross=False)),
@@ -1733,6 +1797,8 @@ ENC = dict(mistakes=ENCODER_MISTAKES, deps=("PerceiverLayer",))
 
 @hidden.test("test_PerceiverEncoder")
 def _(t):
+    t.module("PerceiverEncoder", dict(input_dim=6, num_latents=3, d_latents=6, num_blocks=2), t.randn(2, 7, 6),
+             label="3 latents of the inputs' width, 7 inputs, num_blocks=2", **ENC)
     t.module("PerceiverEncoder", dict(input_dim=6, num_latents=4, d_latents=8), t.randn(2, 9, 6),
              label="4 latents, 9 inputs", **ENC)
     t.module("PerceiverEncoder", dict(input_dim=5, num_latents=3, d_latents=6, num_blocks=3,
@@ -1741,7 +1807,8 @@ def _(t):
              label="num_blocks=3, 2 layers per block, 5 and 3 heads", **ENC)
     same = t.randn(1, 6, 4).expand(3, 6, 4).clone()
     t.module("PerceiverEncoder", dict(input_dim=4, num_latents=5, d_latents=4, num_blocks=2), same,
-             label="a batch of 3 identical examples: the one latent array is shared by the batch", **ENC)
+             label="a batch of 3 identical examples: the one latent array is shared by the batch",
+             checks=(LATENTS_SHARED,), **ENC)
     t.module("PerceiverEncoder", dict(input_dim=4, num_latents=2, d_latents=4, num_blocks=2,
                                       num_self_attends_per_block=3), t.randn(1, 12, 4, dtype=torch.float64),
              dtype=torch.float64, label="float64, 3 layers per block", **ENC)
@@ -1816,19 +1883,24 @@ DECODER_MISTAKES = [
     Mistake("the output queries are not shared by the batch: every example uses the same self.output_queries",
             _decode_with(queries=_queries_per_example)),
     Mistake("final_layer was not applied", _decode_with(final=False)),
+    Mistake("the queries were taken from the latents: the output queries cross-attend to the latents, "
+            "decoding_cross_attention(output_queries, latents)", _decode_with(queries=lambda m, z: z)),
 ]
 DEC = dict(mistakes=DECODER_MISTAKES, deps=("PerceiverLayer",))
 
 
 @hidden.test("test_PerceiverDecoder")
 def _(t):
+    t.module("PerceiverDecoder", dict(d_latents=6, num_outputs=2, query_dim=6, output_dim=3), t.randn(2, 5, 6),
+             label="queries of the latents' width, 2 outputs from 5 latents", **DEC)
     t.module("PerceiverDecoder", dict(d_latents=8, num_outputs=3, query_dim=6, output_dim=5, num_heads=2),
              t.randn(2, 4, 8), label="3 outputs, 2 heads", **DEC)
     t.module("PerceiverDecoder", dict(d_latents=6, num_outputs=1, query_dim=6, output_dim=10), t.randn(3, 5, 6),
              label="one output query (classification)", **DEC)
     same = t.randn(1, 3, 4).expand(2, 3, 4).clone()
     t.module("PerceiverDecoder", dict(d_latents=4, num_outputs=4, query_dim=4, output_dim=2, num_heads=4), same,
-             label="2 identical examples: the output queries are shared by the batch", **DEC)
+             label="2 identical examples: the output queries are shared by the batch", checks=(QUERIES_SHARED,),
+             **DEC)
     t.module("PerceiverDecoder", dict(d_latents=4, num_outputs=2, query_dim=8, output_dim=3),
              t.randn(2, 3, 4, dtype=torch.float64), dtype=torch.float64, label="float64", **DEC)
     t.module("PerceiverDecoder", dict(d_latents=4, num_outputs=2, query_dim=4, output_dim=3), t.randn(2, 3, 4),
