@@ -592,6 +592,8 @@ FOURIER_NO_RAW = fourier_variant(features="[torch.sin(angles), torch.cos(angles)
 FOURIER_UP_TO_R = fourier_variant(top="r")
 FOURIER_INTERLEAVED = fourier_variant(interleave=True)
 FOURIER_FROM_ZERO = fourier_variant(lo="0.0")
+FOURIER_MESHGRID_XY = fourier_variant().replace('indexing="ij"', 'indexing="xy"')
+FOURIER_WITHOUT_PI = fourier_variant().replace("angles = math.pi * (", "angles = (")
 # max_resolution ignored: the frequencies always from the grid's own size
 FOURIER_IGNORES_MAX_RES = fourier_variant().replace(
     "res = index_dims if max_resolution is None else max_resolution", "res = index_dims")
@@ -693,6 +695,33 @@ for layer in self.self_attends:
         z = layer(z)
 """)
 ENC_NO_SELF_ATTENTION = encoder_variant(blocks="pass")
+# the cross-attention inside the loop: the latents read the inputs again before every block
+ENC_CROSS_EVERY_BLOCK = encoder_variant(cross="z", blocks="""
+for _ in range(self.num_blocks):
+    z = self.cross_attention(z, inputs)
+    for layer in self.self_attends:
+        z = layer(z)
+""")
+VIT_FIRST_LAYER_ONLY = vit("""
+    x = self.embeddings(images, interpolate_pos_encoding=interpolate_pos_encoding)
+    x = self.layers[0](x)
+    return self.classifier(self.layernorm(x)[:, 0])
+""")
+# heads as the columns of a (c, h) view: head i takes every h-th feature
+PL_HEADS_STRIDED = perceiver_layer("""
+    B, N, _ = hidden.shape
+    h = self.num_heads
+    x = self.layernorm1(hidden)
+    kv = x if inputs is None else self.layernorm2(inputs)
+    q = self.query(x).view(B, N, -1, h).permute(0, 3, 1, 2)
+    k = self.key(kv).view(B, kv.shape[1], -1, h).permute(0, 3, 1, 2)
+    v = self.value(kv).view(B, kv.shape[1], -1, h).permute(0, 3, 1, 2)
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    a = self.output((w @ v).permute(0, 2, 3, 1).reshape(B, N, -1))
+    if self.use_query_residual:
+        a = a + hidden
+    return a + self.dense2(F.gelu(self.dense1(self.layernorm(a))))
+""")
 
 DEC_QUERIES_NOT_SHARED = decoder("""
     B = latents.shape[0]
@@ -743,6 +772,16 @@ MISTAKES = {
                                     {"test_fourier_position_features": "sin and cos interleaved"}),
     "fourier_positions_from_zero": (sub({"fourier_position_features": FOURIER_FROM_ZERO}),
                                     {"test_fourier_position_features": "positions in [0, 1]"}),
+    "fourier_meshgrid_xy": (sub({"fourier_position_features": FOURIER_MESHGRID_XY}),
+                            {"test_fourier_position_features": "indexing='xy'"}),
+    "fourier_without_pi": (sub({"fourier_position_features": FOURIER_WITHOUT_PI}),
+                           {"test_fourier_position_features": "without pi"}),
+    "vit_first_layer_only": (sub({"VisionTransformer": VIT_FIRST_LAYER_ONLY}),
+                             {"test_VisionTransformer": "only the first layer"}),
+    "perceiver_heads_strided": (sub({"PerceiverLayer": PL_HEADS_STRIDED}),
+                                {t: "split feature by feature" for t in CROSS_TESTS}),
+    "encoder_cross_attention_every_block": (sub({"PerceiverEncoder": ENC_CROSS_EVERY_BLOCK}),
+                                            {"test_PerceiverEncoder": "repeated in every block"}),
     "fourier_max_resolution_ignored": (sub({"fourier_position_features": FOURIER_IGNORES_MAX_RES}),
                                        {"test_fourier_position_features": "max_resolution was ignored"}),
     "cross_attention_keys_from_hidden": (sub({"PerceiverLayer": PL_KEYS_FROM_HIDDEN}),
