@@ -78,6 +78,14 @@ TYPED = {
     ("08_modern_attention", "several times smaller"): "what GQA does by definition (h / h_kv), in the overview table",
     ("08_modern_attention", "8 times the"): "a length the text sets: a stream of 512 characters against a context of 64",
     ("08_modern_attention", "16 times fewer"): "arithmetic shown in the answer: 8 key heads against 128",
+    ("09_beyond_text", "2 minutes"): "time estimate for the reader (opening)",
+    ("09_beyond_text", "256 MiB"): "a threshold the text sets: the chapter's memory budget for one layer",
+    ("09_beyond_text", "10%"): "definition: the fractions of the training split the experiment sets",
+    ("09_beyond_text", "25%"): "definition: the fractions of the training split the experiment sets",
+    ("09_beyond_text", "50%"): "definition: the fractions of the training split the experiment sets",
+    ("09_beyond_text", "100%"): "definition: the fractions of the training split the experiment sets",
+    ("09_beyond_text", "15 times the"): "arithmetic: 65^2 / 17^2 attention scores, one-pixel against 2x2 patches",
+    ("09_beyond_text", "196 times more"): "arithmetic shown in the answer: 50,176 inputs against 256 latents",
 }
 
 _NUMBER = (r"(?<![\w.{`$])(?:\d[\d,]*(?:\.\d+)?|a|an|one|two|three|four|five|six|seven|eight|nine|ten"

@@ -123,7 +123,8 @@ def test_binder_installs_the_learner_notebooks_needs_at_the_courses_versions_and
     for package in ("torch", "numpy", "matplotlib"):
         assert binder.get(package) == course[package], f"binder/ pins {package} {binder.get(package)}, " \
                                                        f"requirements.txt {course[package]}"
-    assert set(binder) <= {"torch", "numpy", "matplotlib", "transformers"}, f"more than a notebook needs: {binder}"
+    assert set(binder) <= {"torch", "numpy", "matplotlib", "transformers", "scikit-learn"}, \
+        f"more than a notebook needs: {binder}"
     imported = set()
     for notebook in (ROOT / "chapters").rglob("*.ipynb"):
         for cell in nbformat.read(notebook, as_version=4).cells:
@@ -134,7 +135,8 @@ def test_binder_installs_the_learner_notebooks_needs_at_the_courses_versions_and
                     elif isinstance(node, ast.ImportFrom) and node.level == 0:
                         imported.add(node.module.split(".")[0])
     assert {"torch", "matplotlib"} <= imported, imported
-    third_party = {m for m in imported if m not in sys.stdlib_module_names}
+    distribution = {"sklearn": "scikit-learn"}  # the import name where it is not the package's
+    third_party = {distribution.get(m, m) for m in imported if m not in sys.stdlib_module_names}
     assert third_party - {"myst_nb"} <= set(binder), \
         f"learner notebooks import {sorted(third_party - set(binder))} that binder/ does not install " \
         "(myst_nb is optional: the notebooks fall back to printing)"

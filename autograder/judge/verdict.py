@@ -28,9 +28,10 @@ ATTENTION_BUILTINS = {
     "multi_head_attention_forward": "nn.MultiheadAttention",
     "_scaled_dot_product_attention_math": "torch's internal scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention_for_cpu": "torch's internal flash attention",
+    "conv2d": "torch.nn.functional.conv2d",   # Chapter 9's patchify: a strided convolution would do its work
 }
 BUILTIN_MODULES = {"MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
-                   "TransformerEncoderLayer", "TransformerDecoderLayer"}
+                   "TransformerEncoderLayer", "TransformerDecoderLayer", "Conv2d"}
 
 
 def judge_probe(probe, got: dict, builtin_names: set) -> list[str]:
