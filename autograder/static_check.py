@@ -17,8 +17,10 @@ Four kinds of finding, each a one-line reason that names what was found and in w
    ``torch.ops``, ``torch._ops``, ``torch.overrides``, ``torch.library``, any private
    ``torch._x``), dynamic lookup (``importlib``, ``__import__``, ``eval``/``exec``/``compile``,
    ``globals()``, ``vars()``, ``__dict__``, ``__builtins__``, ``sys.modules``, ``inspect``,
-   ``gc``, frames), ``getattr``/``operator.attrgetter`` with a computed attribute name, or a
-   module this environment does not install (one the notebook wrote itself).
+   ``gc``, frames), ``getattr``/``operator.attrgetter`` with a computed attribute name, a
+   library whose own models would do the exercise's work (``transformers``, ``timm``: their attention
+   is plain matmul and softmax, which no list of torch built-ins catches), or a module this environment
+   does not install (one the notebook wrote itself).
 
    The code an exercise's tests run is its definitions (the answer cell; a later cell that
    binds its name again) and, transitively, every top-level definition of a global name that
@@ -86,6 +88,8 @@ DYNAMIC_ATTRIBUTES = {
     "modules",   # sys.modules (only when read from sys, see below)
 }
 ATTRGETTERS = {"attrgetter", "methodcaller"}
+# Libraries of ready-made models: a from-scratch exercise that calls their layers did not write its own.
+MODEL_LIBRARIES = {"transformers", "timm", "torchvision", "xformers", "flash_attn"}
 TORCH_MODULES = {"torch", "F", "nn"}   # bound by the chapters' export cell
 
 # Tampering (kind 3): anywhere in learner code, it costs every from-scratch exercise.
@@ -259,6 +263,8 @@ class _Finder(ast.NodeVisitor):
     def _module(self, top, code):
         if top in GRADER_MODULES:
             self.hit(msg("reaches {what} ({code})", what=top, code=code), tamper=True)
+        elif top in MODEL_LIBRARIES:
+            self.hit(msg("uses {name}, a library of ready-made models ({code})", name=top, code=code))
         elif top.startswith(".") or not installed(top):
             self.hit(msg("imports {name}, which this environment does not install (code the check cannot read)",
                          name=top.lstrip(".") or "."))
@@ -890,6 +896,9 @@ class _Program:
         top = s.star.split(".")[0]
         if top == "torch":
             return [Finding(msg("uses {name}", name=_builtin_name(name)), BUILT_IN)] if name in BANNED_ATTRIBUTES else []
+        if top in MODEL_LIBRARIES:
+            return [Finding(msg("uses {name}, a library of ready-made models ({code})", name=top,
+                                code=f"from {s.star} import *"))]
         if s.star.startswith(".") or not installed(top):
             return [Finding(msg("imports {name}, which this environment does not install (code the check "
                                 "cannot read)", name=s.star))]

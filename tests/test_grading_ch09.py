@@ -659,6 +659,24 @@ PL_NN_MHA = perceiver_layer("""
         a = a + hidden
     return a + self.dense2(F.gelu(self.dense1(self.layernorm(a))))
 """)
+PL_DELEGATES_TO_TRANSFORMERS = perceiver_layer("""
+    from transformers import PerceiverConfig
+    from transformers.models.perceiver.modeling_perceiver import PerceiverLayer as HFLayer
+    cross = inputs is not None
+    q_dim = self.query.in_features
+    cfg = PerceiverConfig(attention_probs_dropout_prob=0.0, hidden_act="gelu")
+    layer = HFLayer(cfg, is_cross_attention=cross, qk_channels=self.query.out_features,
+                    v_channels=self.value.out_features, num_heads=self.num_heads, q_dim=q_dim,
+                    kv_dim=self.key.in_features, widening_factor=self.dense1.out_features // q_dim,
+                    use_query_residual=self.use_query_residual).to(hidden.dtype).eval()
+    a = layer.attention
+    a.self.layernorm1, a.self.query, a.self.key, a.self.value = self.layernorm1, self.query, self.key, self.value
+    if cross:
+        a.self.layernorm2 = self.layernorm2
+    a.output.dense, layer.layernorm = self.output, self.layernorm
+    layer.mlp.dense1, layer.mlp.dense2 = self.dense1, self.dense2
+    return layer(hidden, inputs=inputs)[0]
+""")
 
 
 EVERY_BLOCK = """
@@ -800,6 +818,9 @@ MISTAKES = {
     "perceiver_layer_sdpa": (sub({"PerceiverLayer": PL_SDPA}), {t: "from scratch" for t in CROSS_TESTS}),
     "perceiver_layer_nn_multihead_attention": (sub({"PerceiverLayer": PL_NN_MHA}),
                                                {t: "from scratch" for t in CROSS_TESTS}),
+    # transformers' own layer computes attention with matmul and softmax: only the static check sees it
+    "perceiver_layer_delegates_to_transformers": (sub({"PerceiverLayer": PL_DELEGATES_TO_TRANSFORMERS}),
+                                                  {t: "library of ready-made models" for t in CROSS_TESTS}),
     "encoder_block_applied_once": (sub({"PerceiverEncoder": ENC_BLOCK_ONCE}),
                                    {"test_PerceiverEncoder": "apply it num_blocks times"}),
     "decoder_final_layer_skipped": (sub({"PerceiverDecoder": DEC_NO_FINAL_LAYER}),
