@@ -1976,13 +1976,14 @@ def perceiver_gaps():
         want_y = hf_decoder(hf_decoder.decoder_query(want_z), want_z).logits
         have_y = decoder(have_z)
     return {"Fourier features": (features - hf_features).abs().max().item(),
-            "encoder": (have_z - want_z).abs().max().item(), "decoder": (have_y - want_y).abs().max().item()}
+            "encoder output": (have_z - want_z).abs().max().item(),
+            "decoder output": (have_y - want_y).abs().max().item()}
 
 
 if transformers is not None:
     perceiver_gap = perceiver_gaps()
     for label, gap in perceiver_gap.items():
-        print(f"{label:18s} max |difference| = {gap:.1e}")
+        print(f"{pad_to(label, 18)} max |difference| = {gap:.1e}")
     glue("perceiver_gap", f"{max(perceiver_gap.values()):.1e}", display=False)
 else:
     print("transformers is not installed: the comparison is skipped")
@@ -2116,7 +2117,7 @@ first_over = min(m for m in sizes if score_bytes["full"][m] > BUDGET)
 print(f"{pad_to('M', 7, '>')} {pad_to('full (ms)', 11, '>')} {pad_to('full (MiB)', 11, '>')} "
       f"{pad_to('cross (ms)', 11, '>')} {pad_to('cross (MiB)', 12, '>')}")
 for M in sizes:
-    full = f"{1000 * timing['full'][M]:.2f}" if M in timing["full"] else "skipped"
+    full = f"{1000 * timing['full'][M]:.2f}" if M in timing["full"] else "-"
     cells = [full, f"{score_bytes['full'][M] / 2 ** 20:.0f}", f"{1000 * timing['cross'][M]:.2f}",
              f"{score_bytes['cross'][M] / 2 ** 20:.1f}"]
     print(pad_to(M, 7, ">") + "".join(" " + pad_to(c, w, ">") for c, w in zip(cells, (11, 11, 11, 12))))

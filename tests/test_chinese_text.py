@@ -41,7 +41,7 @@ NOT_PROSE = {
     "small", "medium", "large", "present", "past", "self", "float", "mask", "tab", "blue", "orange",
     "Transformer", "Transformers", "Attention", "Bahdanau", "Luong", "Hugging", "Face", "Python",
     "PyTorch", "Jupyter", "Linux", "Adam", "Linformer", "Performer", "Reformer", "Longformer",
-    "BigBird", "FlashAttention", "Llama", "Mistral", "Falcon", "Thinking", "Machines",
+    "BigBird", "FlashAttention", "Perceiver", "Llama", "Mistral", "Falcon", "Thinking", "Machines",
     "nan", "inf", "tensor", "True", "False", "None", "grad", "requires", "device",  # a tensor's repr
 }
 # Figure settings written as strings (matplotlib's vocabulary, not text anyone reads).

@@ -92,11 +92,9 @@ HF_STYLE_EMB_METHODS = """
 # Perceiver's transpose_for_scores, generate_fourier_features with numpy's pi.
 HF_STYLE = {
     "patchify": fn(PATCH_SIG, """
-        batch_size, num_channels, height, width = images.shape
-        p = patch_size
-        patches = images.reshape(batch_size, num_channels, height // p, p, width // p, p)
-        patches = patches.permute(0, 2, 4, 1, 3, 5)                       # (B, H/p, W/p, C, p, p)
-        return patches.reshape(batch_size, (height // p) * (width // p), num_channels * p * p)
+        # space-to-depth: each p x p block becomes C * p * p channels in (channel, row, column) order
+        blocks = F.pixel_unshuffle(images, patch_size)                    # (B, C p p, H/p, W/p)
+        return blocks.flatten(start_dim=2).transpose(1, 2)                # (B, N, C p p)
     """),
     "ViTEmbeddings": embeddings(HF_STYLE_EMB_FORWARD, HF_STYLE_EMB_METHODS),
     "ViTLayer": vit_layer("""
@@ -188,11 +186,10 @@ HF_STYLE = {
 # a convolution kernel (a Conv2d patch embedding), one fused attention with einsum and softmax by exp/sum.
 EINSUM_STYLE = {
     "patchify": fn(PATCH_SIG, """
-        B, C, H, W = images.shape
-        p = patch_size
-        x = images.view(B, C, H // p, p, W // p, p)
-        x = torch.einsum("bchpwq->bhwcpq", x)                  # rearrange 'b c (h p) (w q) -> b (h w) (c p q)'
-        return x.reshape(B, (H // p) * (W // p), C * p * p)
+        n, c, rows, cols = images.shape
+        grid = images.view(n, c, rows // patch_size, patch_size, cols // patch_size, patch_size)
+        # rearrange 'b c (h p) (w q) -> b (h w) (c p q)', spelled as einsum then two flattens
+        return torch.einsum("bchpwq->bhwcpq", grid).flatten(3).flatten(1, 2)
     """),
     "ViTEmbeddings": embeddings("""
         B, C, H, W = images.shape
