@@ -120,10 +120,10 @@ def test_pull_requests_run_make_test_on_python_3_11():
 def test_binder_installs_the_learner_notebooks_needs_at_the_courses_versions_and_no_grader():
     binder = _pins(ROOT / "binder" / "requirements.txt")
     course = _pins(ROOT / "requirements.txt")
-    for package in ("torch", "numpy", "matplotlib"):
+    for package in ("torch", "numpy", "matplotlib", *binder):
         assert binder.get(package) == course[package], f"binder/ pins {package} {binder.get(package)}, " \
                                                        f"requirements.txt {course[package]}"
-    assert set(binder) <= {"torch", "numpy", "matplotlib", "transformers", "scikit-learn"}, \
+    assert set(binder) <= {"torch", "numpy", "matplotlib", "transformers", "scikit-learn", "triton"}, \
         f"more than a notebook needs: {binder}"
     imported = set()
     for notebook in (ROOT / "chapters").rglob("*.ipynb"):
