@@ -7,12 +7,12 @@
 # arithmetic is small, $4Nd$ FLOPs per head, but every key and value must be read from
 # memory once, $2Nd$ numbers: about one FLOP per byte in 16 bits. Section 8 shows what
 # that means on a GPU: a decoding step is limited by how fast the memory can be read, and
-# a GPU reads at full speed only when **all** its streaming multiprocessors (SMs) are
-# loading at once.
+# a GPU reads at full speed only when many of its streaming multiprocessors (SMs) are
+# loading at once; one SM alone draws a small part of the bandwidth.
 #
-# Section 4's kernel gives each program one tile of queries of one (batch, head). With a
-# single query there is one tile per head, so a decoding step launches only $B \cdot H$
-# programs, each of which walks through all $N$ keys alone. The cell below counts them
+# FlashAttention-2's forward kernel gives each program one tile of queries of one
+# (batch, head). With a single query there is one tile per head, so a decoding step
+# launches only $B \cdot H$ programs, each of which walks through all $N$ keys alone. The cell below counts them
 # for a realistic decoding step (one sequence, 32 heads of 128, a cache of 32,768
 # tokens) on an H100 SXM, which has 132 SMs (NVIDIA's H100 architecture whitepaper,
 # 2022).
@@ -56,26 +56,26 @@ for name, value in {"decode_programs": f"{unsplit}", "decode_busy": f"{100 * min
 # {glue:text}`decode_split_programs` programs, {glue:text}`decode_per_sm` per SM, and the
 # partial results add only {glue:text}`decode_partial_share`% to the bytes read.
 #
-# **Why the logsumexps combine the parts.** Write $s_j = \text{scale} \cdot q \cdot k_j$ for
-# one head, and let split $s$ hold the keys $J_s$. Each program computes
+# **Why the logsumexps combine the parts.** Write $x_j = \text{scale} \cdot q \cdot k_j$ for
+# the scores of one head, and let split $s$ hold the keys $J_s$. Program $s$ computes
 #
-# $$\ell_s = \log \sum_{j \in J_s} e^{s_j}, \qquad
-# o_s = \sum_{j \in J_s} e^{s_j - \ell_s}\, v_j \in \mathbb{R}^d ,$$
+# $$\ell_s = \log \sum_{j \in J_s} e^{x_j}, \qquad
+# o_s = \sum_{j \in J_s} e^{x_j - \ell_s}\, v_j \in \mathbb{R}^d ,$$
 #
 # its own softmax over its own keys. The attention over all keys is
-# $o = \sum_j e^{s_j - \ell} v_j$ with $\ell = \log \sum_j e^{s_j}$; grouping the keys by
-# split and multiplying each group by $e^{\ell_s - \ell_s} = 1$,
+# $o = \sum_j e^{x_j - \ell} v_j$ with $\ell = \log \sum_j e^{x_j}$; grouping the keys by
+# split and multiplying each group by $e^{\ell_s} e^{-\ell_s} = 1$,
 #
-# $$o = \sum_s e^{\ell_s - \ell} \sum_{j \in J_s} e^{s_j - \ell_s} v_j
+# $$o = \sum_s e^{\ell_s - \ell} \sum_{j \in J_s} e^{x_j - \ell_s} v_j
 #     = \sum_s w_s\, o_s, \qquad w_s = e^{\ell_s - \ell}, \qquad
 # \ell = \log \sum_s e^{\ell_s} .$$
 #
 # The weight $w_s$ is the share of the softmax's mass that falls in split $s$; the
 # weights sum to 1. Averaging the $o_s$, $w_s = 1/S$, is right only when every split holds
-# the same mass, which almost never happens: one split usually holds the keys that
-# matter. This is the online softmax of Section 3 again, applied once to whole splits
-# instead of tile by tile; the maximum of the $\ell_s$ is subtracted before `exp` for the
-# same reason (an $\ell_s$ of 100 overflows float32's `exp`).
+# the same mass, and nothing makes it so: the keys that matter to a query can sit anywhere
+# in the cache. This is the online softmax again, applied once to whole splits instead of
+# tile by tile; the maximum of the $\ell_s$ is subtracted before `exp` for the same reason
+# (an $\ell_s$ of 100 overflows float32's `exp`).
 
 # %% [tags=hide-input]
 FIG_DECODE = dict(
@@ -130,9 +130,9 @@ plt.show()
 # One program per (split, batch × head): a grid of `(num_splits, B * H)`. Program
 # $(s, bh)$ loads the query of head $bh$ once, then walks the keys
 # $[s L, \min((s+1) L, N))$ of that head, $L = \lceil N / \text{num\_splits} \rceil$, in
-# tiles of `block_n`, with the online softmax of Section 3 (running maximum, running
-# sum, running output, all float32), and writes its $o_s$ and $\ell_s$. Two differences
-# from Section 4's kernel:
+# tiles of `block_n`, with the online softmax (running maximum, running sum, running
+# output, all float32), and writes its $o_s$ and $\ell_s$. Two differences from the
+# FlashAttention-2 forward kernel:
 #
 # - there is one query, so a tile's scores are a matrix-vector product. `tl.dot` needs at
 #   least 16 rows on each side; multiply the tile of keys `(block_n, d)` by the query
@@ -158,6 +158,34 @@ plt.show()
 # :::
 
 # %% [exercise flash_decoding_partials]
+def flash_decoding_partials(q, k, v, num_splits, scale=None, block_n=16):
+    """Flash-decoding's first kernel: attention of one query per head over each split of the keys.
+
+    Args:
+        q: (B, H, d) float32, the step's query of each (batch, head); d is 16, 32, 64 or 128.
+        k, v: (B, H, N, d) float32, the cached keys and values.
+        num_splits: S >= 1; split s covers keys [s * L, min((s + 1) * L, N)), L = ceil(N / S).
+        scale: the scores are scale * q . k_j; None means 1 / sqrt(d).
+        block_n: keys per tile inside a split, a power of two >= 16; never changes the result.
+
+    Returns (o_part (B, H, S, d), lse_part (B, H, S)), both float32: for each split, the
+    softmax-weighted values over its own keys and the logsumexp of its scores. One program
+    per (split, batch x head), launched by this wrapper, which only allocates and launches.
+    """
+    ### BEGIN SOLUTION
+    B, H, N, d = k.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+    grid = (num_splits, B * H)
+    _decode_partials_kernel[grid](q, k, v, o_part, lse_part, N, triton.cdiv(N, num_splits), scale,
+                                  D=d, BLOCK_N=block_n)
+    return o_part, lse_part
+    ### END SOLUTION
+
+
+# The kernel(s) the wrapper launches: their names and parameters are yours.
 ### BEGIN SOLUTION
 @triton.jit
 def _decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_keys, split_len, scale,
@@ -193,43 +221,16 @@ def _decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_key
 ### END SOLUTION
 
 
-def flash_decoding_partials(q, k, v, num_splits, scale=None, block_n=16):
-    """Flash-decoding's first kernel: attention of one query per head over each split of the keys.
-
-    Args:
-        q: (B, H, d) float32, the step's query of each (batch, head); d is 16, 32, 64 or 128.
-        k, v: (B, H, N, d) float32, the cached keys and values.
-        num_splits: S >= 1; split s covers keys [s * L, min((s + 1) * L, N)), L = ceil(N / S).
-        scale: the scores are scale * q . k_j; None means 1 / sqrt(d).
-        block_n: keys per tile inside a split, a power of two >= 16; never changes the result.
-
-    Returns (o_part (B, H, S, d), lse_part (B, H, S)), both float32: for each split, the
-    softmax-weighted values over its own keys and the logsumexp of its scores. One program
-    per (split, batch x head), launched by this wrapper, which only allocates and launches.
-    """
-    ### BEGIN SOLUTION
-    B, H, N, d = k.shape
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-    grid = (num_splits, B * H)
-    _decode_partials_kernel[grid](q, k, v, o_part, lse_part, N, triton.cdiv(N, num_splits), scale,
-                                  D=d, BLOCK_N=block_n)
-    return o_part, lse_part
-    ### END SOLUTION
-
-
 # %% [test test_flash_decoding_partials_values points=2]
-"""Each split's output and logsumexp equal softmax attention over that split's keys alone (N = 50, 3 splits)."""
+"""Each split's output and logsumexp equal softmax attention over that split's keys alone (N = 100, 3 splits)."""
 torch.manual_seed(10)
-fdp_q, fdp_k, fdp_v = torch.randn(2, 2, 16), torch.randn(2, 2, 50, 16), torch.randn(2, 2, 50, 16)
+fdp_q, fdp_k, fdp_v = torch.randn(2, 2, 16), torch.randn(2, 2, 100, 16), torch.randn(2, 2, 100, 16)
 fdp_o, fdp_lse = flash_decoding_partials(fdp_q, fdp_k, fdp_v, num_splits=3)
 assert fdp_o.shape == (2, 2, 3, 16) and fdp_lse.shape == (2, 2, 3), \
     f"o_part is (B, H, num_splits, d) = (2, 2, 3, 16) and lse_part (2, 2, 3); got {tuple(fdp_o.shape)}, " \
     f"{tuple(fdp_lse.shape)}"
 assert fdp_o.dtype == torch.float32 and fdp_lse.dtype == torch.float32, "both results are float32"
-for fdp_s, (fdp_a, fdp_b) in enumerate([(0, 17), (17, 34), (34, 50)]):       # L = ceil(50 / 3) = 17
+for fdp_s, (fdp_a, fdp_b) in enumerate([(0, 34), (34, 68), (68, 100)]):     # L = ceil(100 / 3) = 34
     fdp_scores = torch.einsum("bhd,bhnd->bhn", fdp_q, fdp_k[:, :, fdp_a:fdp_b]) / math.sqrt(16)
     fdp_want = torch.einsum("bhn,bhnd->bhd", fdp_scores.softmax(-1), fdp_v[:, :, fdp_a:fdp_b])
     assert torch.allclose(fdp_lse[:, :, fdp_s], fdp_scores.logsumexp(-1), atol=1e-5), \
@@ -269,25 +270,6 @@ assert torch.allclose(fde_one_lse[:, :, 0], fde_scores.logsumexp(-1), atol=1e-5)
 # subtracted first, and $o = \sum_s e^{\ell_s - \ell} o_s$.
 
 # %% [exercise combine_partials]
-### BEGIN SOLUTION
-@triton.jit
-def _combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, num_splits,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr):
-    bh = tl.program_id(0)
-    splits = tl.arange(0, BLOCK_S)
-    cols = tl.arange(0, D)
-    present = splits < num_splits
-    rows = bh * num_splits + splits
-    lse_s = tl.load(lse_part_ptr + rows, mask=present, other=float("-inf"))           # (BLOCK_S,)
-    m = tl.max(lse_s, axis=0)                                                          # keeps exp in range
-    lse = m + tl.log(tl.sum(tl.exp(lse_s - m), axis=0))
-    weight = tl.exp(lse_s - lse)                                                       # each split's share
-    o_s = tl.load(o_part_ptr + rows[:, None] * D + cols[None, :], mask=present[:, None], other=0.0)
-    tl.store(o_ptr + bh * D + cols, tl.sum(weight[:, None] * o_s, axis=0))
-    tl.store(lse_ptr + bh, lse)
-### END SOLUTION
-
-
 def combine_partials(o_part, lse_part):
     """Flash-decoding's second kernel: the attention over all keys from the splits' partial results.
 
@@ -307,6 +289,26 @@ def combine_partials(o_part, lse_part):
     _combine_kernel[(B * H,)](o_part, lse_part, o, lse, S, D=d, BLOCK_S=triton.next_power_of_2(S))
     return o, lse
     ### END SOLUTION
+
+
+# The kernel(s) the wrapper launches: their names and parameters are yours.
+### BEGIN SOLUTION
+@triton.jit
+def _combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, num_splits,
+                    D: tl.constexpr, BLOCK_S: tl.constexpr):
+    bh = tl.program_id(0)
+    splits = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, D)
+    present = splits < num_splits
+    rows = bh * num_splits + splits
+    lse_s = tl.load(lse_part_ptr + rows, mask=present, other=float("-inf"))           # (BLOCK_S,)
+    m = tl.max(lse_s, axis=0)                                                          # keeps exp in range
+    lse = m + tl.log(tl.sum(tl.exp(lse_s - m), axis=0))
+    weight = tl.exp(lse_s - lse)                                                       # each split's share
+    o_s = tl.load(o_part_ptr + rows[:, None] * D + cols[None, :], mask=present[:, None], other=0.0)
+    tl.store(o_ptr + bh * D + cols, tl.sum(weight[:, None] * o_s, axis=0))
+    tl.store(lse_ptr + bh, lse)
+### END SOLUTION
 
 
 # %% [test test_combine_partials_values points=2]
@@ -394,25 +396,34 @@ def decode_reference(q, k, v, scale=None):
 
 
 decode_errors = {}
-for (B_, H_, N_, d_, S_, bn_) in [(1, 2, 100, 16, 1, 16), (1, 2, 100, 16, 7, 16), (2, 4, 257, 64, 8, 32),
-                                  (1, 2, 1000, 128, 16, 32), (1, 1, 4096, 64, 32, 64)]:
-    torch.manual_seed(N_)
-    dq, dk, dv = torch.randn(B_, H_, d_), torch.randn(B_, H_, N_, d_), torch.randn(B_, H_, N_, d_)
+for shape in [(1, 2, 100, 16, 1, 16), (1, 2, 100, 16, 7, 16), (2, 4, 257, 64, 8, 32),
+              (1, 2, 1000, 128, 16, 32), (1, 1, 4096, 64, 32, 64)]:
+    batch, heads, n, d, splits, block_n = shape
+    torch.manual_seed(n)
+    q_, k_, v_ = torch.randn(batch, heads, d), torch.randn(batch, heads, n, d), torch.randn(batch, heads, n, d)
     started = time.perf_counter()
-    d_o, d_lse = combine_partials(*flash_decoding_partials(dq, dk, dv, S_, block_n=bn_))
+    o_, lse_ = combine_partials(*flash_decoding_partials(q_, k_, v_, splits, block_n=block_n))
     seconds = time.perf_counter() - started
-    want_o, want_lse = decode_reference(dq, dk, dv)
-    decode_errors[(B_, H_, N_, d_, S_)] = max((d_o - want_o).abs().max().item(), (d_lse - want_lse).abs().max().item())
-    print(f"B={B_} H={H_} N={N_:5d} d={d_:3d} splits={S_:2d} block_n={bn_:2d}: "
-          f"max error {decode_errors[(B_, H_, N_, d_, S_)]:.1e}  ({seconds:.2f} s, {DEVICE})")
+    want_o, want_lse = decode_reference(q_, k_, v_)
+    decode_errors[shape] = max((o_ - want_o).abs().max().item(), (lse_ - want_lse).abs().max().item())
+    length = triton.cdiv(n, splits)                             # tile steps: every program's tiles, all programs
+    steps = batch * heads * sum(triton.cdiv(min(length, n - a), block_n) for a in range(0, n, length))
+    print(f"B={batch} H={heads} N={n:5d} d={d:3d} splits={splits:2d} block_n={block_n:2d}: "
+          f"max error {decode_errors[shape]:.1e}  ({seconds:.2f} s for {steps} tile steps, {DEVICE})")
 glue("decode_max_error", f"{max(decode_errors.values()):.0e}", display=False)
+glue("decode_seconds", f"{seconds:.2f}", display=False)           # the last shape: N = 4,096 in 32 splits
+glue("decode_ms_per_step", f"{1000 * seconds / steps:.0f}", display=False)
 
 # %% [markdown]
 # Over all these shapes the largest difference from float64 is
 # {glue:text}`decode_max_error`: the split and the combine change the order of the
-# additions, not the result. (The seconds printed are the interpreter's on a CPU when
-# there is no GPU, and say nothing about a GPU; Section 8 explains.)
-#
+# additions, not the result. The seconds printed are the interpreter's (the book runs on a
+# CPU): the last launch pair, {glue:text}`decode_seconds` s for a cache of 4,096 keys,
+# costs about {glue:text}`decode_ms_per_step` ms per tile step, because the interpreter runs
+# the programs one after another and every `tl` operation of a step as a numpy call. They
+# say nothing about a GPU; Section 8 explains what does.
+
+# %% [markdown]
 # ## 7. Paged decoding
 #
 # Chapter 8 stored the cache in **blocks**: a pool `k_cache, v_cache (num_blocks, H,
@@ -495,36 +506,6 @@ plt.show()
 # :::
 
 # %% [exercise paged_decoding]
-### BEGIN SOLUTION
-@triton.jit
-def _paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
-                           stride_table, stride_block, stride_head, stride_slot,
-                           H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    b, h = tl.program_id(0), tl.program_id(1)
-    cols = tl.arange(0, D)
-    slots = tl.arange(0, BLOCK_SIZE)
-    q = tl.load(q_ptr + (b * H + h) * D + cols).to(tl.float32)            # (D,)
-    seq_len = tl.load(lens_ptr + b)
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.zeros((), tl.float32)
-    acc = tl.zeros((D,), tl.float32)
-    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):                       # this sequence's blocks only
-        block = tl.load(table_ptr + b * stride_table + j).to(tl.int64)     # the physical block
-        inside = j * BLOCK_SIZE + slots < seq_len                         # slots after the last token: masked
-        offsets = block * stride_block + h * stride_head + slots[:, None] * stride_slot + cols[None, :]
-        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)   # (BLOCK_SIZE, D)
-        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
-        s = tl.where(inside, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    tl.store(o_ptr + (b * H + h) * D + cols, (acc / l).to(o_ptr.dtype.element_ty))
-### END SOLUTION
-
-
 def paged_decoding(q, k_cache, v_cache, block_table, seq_lens, scale=None):
     """One decoding step per sequence, keys and values read through the block table inside the kernel.
 
@@ -553,6 +534,37 @@ def paged_decoding(q, k_cache, v_cache, block_table, seq_lens, scale=None):
                                    H=H, D=d, BLOCK_SIZE=block_size)
     return o
     ### END SOLUTION
+
+
+# The kernel(s) the wrapper launches: their names and parameters are yours.
+### BEGIN SOLUTION
+@triton.jit
+def _paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
+                           stride_table, stride_block, stride_head, stride_slot,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, D)
+    slots = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + (b * H + h) * D + cols).to(tl.float32)            # (D,)
+    seq_len = tl.load(lens_ptr + b)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):                       # this sequence's blocks only
+        block = tl.load(table_ptr + b * stride_table + j).to(tl.int64)     # the physical block
+        inside = j * BLOCK_SIZE + slots < seq_len                         # slots after the last token: masked
+        offsets = block * stride_block + h * stride_head + slots[:, None] * stride_slot + cols[None, :]
+        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)   # (BLOCK_SIZE, D)
+        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+        s = tl.where(inside, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(o_ptr + (b * H + h) * D + cols, (acc / l).to(o_ptr.dtype.element_ty))
+### END SOLUTION
 
 
 # %% [test test_paged_decoding_values points=2]
@@ -654,7 +666,8 @@ glue("paged_decode_gap", f"{max(paged_gaps):.0e}", display=False)
 # vLLM's second kernel fixes it the same way flash-decoding does: it splits each
 # sequence into partitions of 512 tokens, one program each, and reduces their results by
 # the logsumexps in a second kernel (one of this chapter's challenges).
-#
+
+# %% [markdown]
 # ## 8. The roofline
 #
 # Is a kernel limited by its arithmetic or by its memory? The **roofline model** (Williams,
@@ -713,17 +726,18 @@ def decoding_bytes(n, d, size=BF16):
 
 
 ridge = {gpu: peak / bandwidth for gpu, (peak, bandwidth) in GPUS.items()}
+h100_peak, h100_bandwidth = GPUS["H100 SXM"]
 intensity = {}
+print("     N    d  block_m | FLOP/byte: naive  FA-2  decoding | H100 bound, TFLOP/s: naive  FA-2 | bytes naive/FA-2")
 for n, d, block_m in [(128, 64, 16), (4096, 64, 128), (4096, 128, 128), (16384, 64, 128), (16384, 128, 128)]:
     intensity[("naive", n, d)] = attention_flops(n, d) / naive_attention_bytes(n, d)
     intensity[("flash", n, d)] = attention_flops(n, d) / flash_forward_bytes(n, d, block_m)
     intensity[("decode", n, d)] = decoding_flops(n, d) / decoding_bytes(n, d)
-    bound = {gpu: min(peak, bw * intensity[("flash", n, d)]) / 1e12 for gpu, (peak, bw) in GPUS.items()}
-    naive_bound = {gpu: min(peak, bw * intensity[("naive", n, d)]) / 1e12 for gpu, (peak, bw) in GPUS.items()}
-    print(f"N={n:6,d} d={d:3d} block_m={block_m:3d}: intensity naive {intensity[('naive', n, d)]:5.1f}, "
-          f"FlashAttention-2 {intensity[('flash', n, d)]:5.1f}, decoding {intensity[('decode', n, d)]:.2f} FLOP/byte; "
-          f"bound on an H100: naive {naive_bound['H100 SXM']:4.0f}, FA-2 {bound['H100 SXM']:4.0f} TFLOP/s; "
-          f"bytes naive / FA-2 = {naive_attention_bytes(n, d) / flash_forward_bytes(n, d, block_m):.1f}")
+    naive_bound, flash_bound = (min(h100_peak, h100_bandwidth * intensity[(kind, n, d)]) / 1e12
+                                for kind in ("naive", "flash"))
+    print(f"{n:6,d} {d:4d} {block_m:8d} | {intensity[('naive', n, d)]:16.1f} {intensity[('flash', n, d)]:5.1f} "
+          f"{intensity[('decode', n, d)]:9.2f} | {naive_bound:26.0f} {flash_bound:5.0f} | "
+          f"{naive_attention_bytes(n, d) / flash_forward_bytes(n, d, block_m):16.1f}")
 print("ridge points:", ", ".join(f"{gpu} {r:.0f} FLOP/byte" for gpu, r in ridge.items()))
 for gpu, r in ridge.items():
     glue(f"ridge_{gpu[:4].lower()}", f"{r:.0f}", display=False)
@@ -731,9 +745,9 @@ for (kind, n, d), value in intensity.items():
     glue(f"ai_{kind}_{n}_{d}", f"{value:.1f}" if kind != "decode" else f"{value:.2f}", display=False)
 glue("bytes_ratio_16384_64", f"{naive_attention_bytes(16384, 64) / flash_forward_bytes(16384, 64, 128):.1f}",
      display=False)
-glue("bound_flash_h100", f"{GPUS['H100 SXM'][1] * intensity[('flash', 16384, 64)] / 1e12:.0f}", display=False)
-glue("bound_naive_h100", f"{GPUS['H100 SXM'][1] * intensity[('naive', 16384, 64)] / 1e12:.0f}", display=False)
-glue("bound_decode_h100", f"{GPUS['H100 SXM'][1] * intensity[('decode', 16384, 64)] / 1e12:.1f}", display=False)
+for kind, digits in [("flash", 0), ("naive", 0), ("decode", 1)]:
+    glue(f"bound_{kind}_h100", f"{h100_bandwidth * intensity[(kind, 16384, 64)] / 1e12:.{digits}f}", display=False)
+glue("decode_peak_share", f"{100 * h100_bandwidth * intensity[('decode', 16384, 64)] / h100_peak:.1f}", display=False)
 
 # %% [tags=hide-input]
 FIG_ROOF = dict(title="The roofline: attainable bf16 TFLOP/s against arithmetic intensity (datasheet figures)",
@@ -794,11 +808,13 @@ plt.show()
 #   the tiles of 16 that the interpreter runs, at $N$ = 128, $d$ = 64, the intensity is
 #   {glue:text}`ai_flash_128_64` against naive attention's {glue:text}`ai_naive_128_64`:
 #   small tiles re-read $K$ and $V$ too often. This is why a GPU kernel uses the largest
-#   tiles its fast on-chip memory holds. The count is pessimistic: programs of the same
+#   tiles its fast on-chip memory holds. A causal mask halves both the FLOPs and the tiles
+#   of $K$ and $V$ read, and leaves the intensity as it is. The count is pessimistic: programs of the same
 #   head that run at the same time share their reads of $K$ and $V$ through the GPU's L2
 #   cache, which moves a real kernel to the right of its point.
 # - **A decoding step sits at {glue:text}`ai_decode_16384_64` FLOP/byte**, whatever $N$:
-#   each key and value is used once. Nothing but bandwidth helps, which is why flash-decoding
+#   each key and value is used once, so an H100 runs it at {glue:text}`bound_decode_h100`
+#   TFLOP/s at most, {glue:text}`decode_peak_share`% of its peak. Nothing but bandwidth helps, which is why flash-decoding
 #   puts every SM to work reading (Section 6) and why a paged cache (Section 7) must read
 #   its blocks in place rather than copy them.
 #
