@@ -5,7 +5,7 @@
 # and head has **one** new query, which attends to all $N$ keys and values cached so far
 # (Chapter 8's key/value cache): `q (B, H, d)` against `k, v (B, H, N, d)`. The
 # arithmetic is small, $4Nd$ FLOPs per head, but every key and value must be read from
-# memory once, $2Nd$ numbers: about one FLOP per byte in 16 bits. Section 8 shows what
+# memory once, $2Nd$ numbers: about one FLOP per byte in bf16 (two bytes a number). Section 8 shows what
 # that means on a GPU: a decoding step is limited by how fast the memory can be read, and
 # a GPU reads at full speed only when many of its streaming multiprocessors (SMs) are
 # loading at once; one SM alone draws a small part of the bandwidth.
@@ -13,8 +13,8 @@
 # FlashAttention-2's forward kernel gives each program one tile of queries of one
 # (batch, head). With a single query there is one tile per head, so a decoding step
 # launches only $B \cdot H$ programs, each of which walks through all $N$ keys alone. The cell below counts them
-# for a realistic decoding step (one sequence, 32 heads of 128, a cache of 32,768
-# tokens) on an H100 SXM, which has 132 SMs (NVIDIA's H100 architecture whitepaper,
+# for a realistic decoding step (one sequence, $H = 32$ heads of $d = 128$, a cache of
+# $N = 32{,}768$ tokens) on an H100 SXM, which has 132 SMs (NVIDIA's H100 architecture whitepaper,
 # 2022).
 
 # %%
@@ -40,7 +40,8 @@ print(f"  the partial results cost {partial_bytes / 2**20:.1f} MiB of extra traf
       f"{100 * partial_bytes / kv_bytes:.2f}% of the cache's {kv_bytes / 2**20:.0f} MiB")
 for name, value in {"decode_programs": f"{unsplit}", "decode_busy": f"{100 * min(unsplit, H100_SMS) / H100_SMS:.0f}",
                     "decode_splits": f"{decode_splits}", "decode_split_programs": f"{split:,}",
-                    "decode_per_sm": f"{split / H100_SMS:.1f}", "decode_program_mib": f"{kv_bytes / unsplit / 2**20:.0f}",
+                    "decode_per_sm": f"{split / H100_SMS:.1f}",
+                    "decode_program_mib": f"{kv_bytes / unsplit / 2**20:.0f}",
                     "decode_partial_share": f"{100 * partial_bytes / kv_bytes:.2f}"}.items():
     glue(name, value, display=False)
 
@@ -134,8 +135,8 @@ plt.show()
 # output, all float32), and writes its $o_s$ and $\ell_s$. Two differences from the
 # FlashAttention-2 forward kernel:
 #
-# - there is one query, so a tile's scores are a matrix-vector product. `tl.dot` needs at
-#   least 16 rows on each side; multiply the tile of keys `(block_n, d)` by the query
+# - there is one query, so a tile's scores are a matrix-vector product. `tl.dot` needs
+#   tiles of at least $16 \times 16$; multiply the tile of keys `(block_n, d)` by the query
 #   broadcast to `(1, d)` and sum over `d` (on a GPU this is no loss: the step is limited
 #   by reading the keys, not by the arithmetic);
 # - the last tile of a split can run past the **split's** end, not only past $N$: mask the
@@ -627,15 +628,15 @@ assert torch.allclose(pt_half.float(), pt_out, atol=5e-3), \
     "a float16 query gives another result: convert q to float32 in the kernel, compute in float32, store in q's dtype"
 
 # %% [markdown]
-# A batch of the kind a server decodes: 6 sequences of different lengths in a shared pool
-# of 64 blocks of 16, the blocks drawn at random from the pool. The cell compares
+# A batch of the kind a server decodes: six sequences of different lengths in a shared
+# pool of blocks of `block_size = 16`, the blocks drawn at random from the pool. The cell compares
 # `paged_decoding` with flash-decoding over each sequence's keys laid out contiguously:
 
 # %%
 torch.manual_seed(0)
 pool_blocks, pool_heads, pool_bs, pool_d = 64, 4, 16, 64
 pool_lens = [3, 97, 40, 161, 9, 64]
-pool_k, pool_v = torch.randn(pool_blocks, pool_heads, pool_bs, pool_d), torch.randn(pool_blocks, pool_heads, pool_bs, pool_d)
+pool_k, pool_v = (torch.randn(pool_blocks, pool_heads, pool_bs, pool_d) for _ in range(2))
 pool_free = torch.randperm(pool_blocks).tolist()                 # physical blocks in a shuffled order
 pool_table = torch.zeros(len(pool_lens), -(-max(pool_lens) // pool_bs), dtype=torch.int32)
 for b, n in enumerate(pool_lens):
@@ -695,11 +696,13 @@ glue("paged_decode_gap", f"{max(paged_gaps):.0e}", display=False)
 # compares them with the ridge points of two GPUs from their datasheets: an H100 SXM,
 # 989 TFLOP/s of dense bf16 and 3.35 TB/s of HBM3 (NVIDIA's H100 datasheet), and an A100
 # SXM, 312 TFLOP/s and 2.0 TB/s (NVIDIA's A100 datasheet). FlashAttention-2 uses tiles of
-# 64 or 128 queries on these GPUs (Dao, 2023); the interpreter's tests use 16.
+# $B_r = 64$ or $128$ queries on these GPUs (Dao, 2023); the interpreter's tests use
+# $B_r = 16$.
 
 # %%
 BF16, FP32 = 2, 4                                              # bytes per number
 GPUS = {"H100 SXM": (989e12, 3.35e12), "A100 SXM": (312e12, 2.0e12)}   # (bf16 dense FLOP/s, HBM bytes/s), datasheets
+CS336_H100_MS = {"baseline": 80.0, "best": 5.4}   # CS336's leaderboard: causal fwd+bwd, 16 heads of 64, N = 16,384
 
 
 def attention_flops(n, d):
@@ -747,6 +750,7 @@ glue("bytes_ratio_16384_64", f"{naive_attention_bytes(16384, 64) / flash_forward
      display=False)
 for kind, digits in [("flash", 0), ("naive", 0), ("decode", 1)]:
     glue(f"bound_{kind}_h100", f"{h100_bandwidth * intensity[(kind, 16384, 64)] / 1e12:.{digits}f}", display=False)
+glue("cs336_speedup", f"{CS336_H100_MS['baseline'] / CS336_H100_MS['best']:.1f}", display=False)
 glue("decode_peak_share", f"{100 * h100_bandwidth * intensity[('decode', 16384, 64)] / h100_peak:.1f}", display=False)
 
 # %% [tags=hide-input]
@@ -797,15 +801,15 @@ plt.show()
 # {glue:text}`ridge_a100` for the A100. Three things follow.
 #
 # - **Naive attention is memory-bound, whatever $N$.** Its intensity tends to $d/2$:
-#   {glue:text}`ai_naive_4096_64` at $N$ = 4,096 and {glue:text}`ai_naive_16384_64` at
-#   16,384 with $d$ = 64, {glue:text}`ai_naive_16384_128` with $d$ = 128, far below the
-#   ridge. Reading and writing the $N \times N$ matrices bounds it at
-#   {glue:text}`bound_naive_h100` TFLOP/s on an H100 at $N$ = 16,384, $d$ = 64.
+#   {glue:text}`ai_naive_4096_64` at $N = 4{,}096$ and {glue:text}`ai_naive_16384_64` at
+#   $N = 16{,}384$ with $d = 64$, {glue:text}`ai_naive_16384_128` with $d = 128$, far below
+#   the ridge. Reading and writing the $N \times N$ matrices bounds it at
+#   {glue:text}`bound_naive_h100` TFLOP/s on an H100 at $N = 16{,}384$, $d = 64$.
 # - **FlashAttention-2's intensity is its tile of queries.** Every program reads all of
 #   $K$ and $V$ for $4 B_r N d$ FLOPs, so $I \approx B_r$: {glue:text}`ai_flash_16384_64`
-#   at $N$ = 16,384 with tiles of 128, moving {glue:text}`bytes_ratio_16384_64` times fewer
+#   at $N = 16{,}384$ with tiles of $B_r = 128$, moving {glue:text}`bytes_ratio_16384_64` times fewer
 #   bytes than naive attention and bounded at {glue:text}`bound_flash_h100` TFLOP/s. With
-#   the tiles of 16 that the interpreter runs, at $N$ = 128, $d$ = 64, the intensity is
+#   the tiles of $B_r = 16$ that the interpreter runs, at $N = 128$, $d = 64$, the intensity is
 #   {glue:text}`ai_flash_128_64` against naive attention's {glue:text}`ai_naive_128_64`:
 #   small tiles re-read $K$ and $V$ too often. This is why a GPU kernel uses the largest
 #   tiles its fast on-chip memory holds. A causal mask halves both the FLOPs and the tiles
@@ -814,9 +818,9 @@ plt.show()
 #   cache, which moves a real kernel to the right of its point.
 # - **A decoding step sits at {glue:text}`ai_decode_16384_64` FLOP/byte**, whatever $N$:
 #   each key and value is used once, so an H100 runs it at {glue:text}`bound_decode_h100`
-#   TFLOP/s at most, {glue:text}`decode_peak_share`% of its peak. Nothing but bandwidth helps, which is why flash-decoding
-#   puts every SM to work reading (Section 6) and why a paged cache (Section 7) must read
-#   its blocks in place rather than copy them.
+#   TFLOP/s at most, {glue:text}`decode_peak_share`% of its peak. Nothing but bandwidth
+#   helps, which is why flash-decoding puts every SM to work reading (Section 6) and why
+#   a paged cache (Section 7) must read its blocks in place rather than copy them.
 #
 # **What the CPU measures here, and what it does not.** Without a GPU, every kernel of this
 # chapter runs in Triton's interpreter, which executes each program one after another with
@@ -824,8 +828,8 @@ plt.show()
 # says nothing about its speed (a tile step costs milliseconds in the interpreter and
 # nanoseconds on a GPU). For a reference point from real hardware: the public leaderboard
 # of Stanford's CS336 (assignment 2, FlashAttention-2 in Triton) times a causal
-# forward and backward pass with 16 heads of 64 at $N$ = 16,384 in bf16 on an H100; its
-# baseline takes 80 ms and its best entry 5.4 ms, about 15 times faster
-# ($80 / 5.4 \approx 14.8$). On a machine with a CUDA GPU, `benchmarks/attention_kernels_gpu.py`
+# forward and backward pass with $16$ heads of $d = 64$ at $N = 16{,}384$ in bf16 on an H100;
+# its baseline takes 80 ms and its best entry 5.4 ms, {glue:text}`cs336_speedup` times
+# faster. On a machine with a CUDA GPU, `benchmarks/attention_kernels_gpu.py`
 # times your kernels against `F.scaled_dot_product_attention` and naive attention and
 # prints the TFLOP/s they reach, to set against the roofline above.
