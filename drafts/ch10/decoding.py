@@ -159,38 +159,13 @@ plt.show()
 # :::
 
 # %% [exercise flash_decoding_partials]
-def flash_decoding_partials(q, k, v, num_splits, scale=None, block_n=16):
-    """Flash-decoding's first kernel: attention of one query per head over each split of the keys.
-
-    Args:
-        q: (B, H, d) float32, the step's query of each (batch, head); d is 16, 32, 64 or 128.
-        k, v: (B, H, N, d) float32, the cached keys and values.
-        num_splits: S >= 1; split s covers keys [s * L, min((s + 1) * L, N)), L = ceil(N / S).
-        scale: the scores are scale * q . k_j; None means 1 / sqrt(d).
-        block_n: keys per tile inside a split, a power of two >= 16; never changes the result.
-
-    Returns (o_part (B, H, S, d), lse_part (B, H, S)), both float32: for each split, the
-    softmax-weighted values over its own keys and the logsumexp of its scores. One program
-    per (split, batch x head), launched by this wrapper, which only allocates and launches.
-    """
-    ### BEGIN SOLUTION
-    B, H, N, d = k.shape
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-    grid = (num_splits, B * H)
-    _decode_partials_kernel[grid](q, k, v, o_part, lse_part, N, triton.cdiv(N, num_splits), scale,
-                                  D=d, BLOCK_N=block_n)
-    return o_part, lse_part
-    ### END SOLUTION
-
-
-# The kernel(s) the wrapper launches: their names and parameters are yours.
-### BEGIN SOLUTION
 @triton.jit
-def _decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_keys, split_len, scale,
-                            D: tl.constexpr, BLOCK_N: tl.constexpr):
+def decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_keys, split_len, scale,
+                           D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program (split, bh) of a (num_splits, B * H) grid: head bh's keys from split * split_len to the split's
+    # end (n_keys at most); it writes row bh * num_splits + split of o_part and of lse_part. A suggested
+    # signature: change it as you like, with the launch in the wrapper.
+    ### BEGIN SOLUTION
     split, bh = tl.program_id(0), tl.program_id(1)
     num_splits = tl.num_programs(0)
     cols = tl.arange(0, D)
@@ -219,7 +194,34 @@ def _decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_key
     # combine then weights by exp(-inf) = 0.
     tl.store(o_part_ptr + row * D + cols, acc / tl.where(l > 0, l, 1.0))
     tl.store(lse_part_ptr + row, m + tl.log(l))
-### END SOLUTION
+    ### END SOLUTION
+
+
+def flash_decoding_partials(q, k, v, num_splits, scale=None, block_n=16):
+    """Flash-decoding's first kernel: attention of one query per head over each split of the keys.
+
+    Args:
+        q: (B, H, d) float32, the step's query of each (batch, head); d is 16, 32, 64 or 128.
+        k, v: (B, H, N, d) float32, the cached keys and values.
+        num_splits: S >= 1; split s covers keys [s * L, min((s + 1) * L, N)), L = ceil(N / S).
+        scale: the scores are scale * q . k_j; None means 1 / sqrt(d).
+        block_n: keys per tile inside a split, a power of two >= 16; never changes the result.
+
+    Returns (o_part (B, H, S, d), lse_part (B, H, S)), both float32: for each split, the
+    softmax-weighted values over its own keys and the logsumexp of its scores. One program
+    per (split, batch x head), launched by this wrapper, which only allocates and launches.
+    """
+    ### BEGIN SOLUTION
+    B, H, N, d = k.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+    grid = (num_splits, B * H)
+    decode_partials_kernel[grid](q, k, v, o_part, lse_part, N, triton.cdiv(N, num_splits), scale,
+                                 D=d, BLOCK_N=block_n)
+    return o_part, lse_part
+    ### END SOLUTION
 
 
 # %% [test test_flash_decoding_partials_values points=2]
@@ -271,6 +273,27 @@ assert torch.allclose(fde_one_lse[:, :, 0], fde_scores.logsumexp(-1), atol=1e-5)
 # subtracted first, and $o = \sum_s e^{\ell_s - \ell} o_s$.
 
 # %% [exercise combine_partials]
+@triton.jit
+def combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, num_splits,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # Program bh of a (B * H,) grid: the num_splits partial results of head bh, in one block of BLOCK_S lanes
+    # (a power of two >= num_splits). A suggested signature: change it as you like, with the launch.
+    ### BEGIN SOLUTION
+    bh = tl.program_id(0)
+    splits = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, D)
+    present = splits < num_splits
+    rows = bh * num_splits + splits
+    lse_s = tl.load(lse_part_ptr + rows, mask=present, other=float("-inf"))           # (BLOCK_S,)
+    m = tl.max(lse_s, axis=0)                                                          # keeps exp in range
+    lse = m + tl.log(tl.sum(tl.exp(lse_s - m), axis=0))
+    weight = tl.exp(lse_s - lse)                                                       # each split's share
+    o_s = tl.load(o_part_ptr + rows[:, None] * D + cols[None, :], mask=present[:, None], other=0.0)
+    tl.store(o_ptr + bh * D + cols, tl.sum(weight[:, None] * o_s, axis=0))
+    tl.store(lse_ptr + bh, lse)
+    ### END SOLUTION
+
+
 def combine_partials(o_part, lse_part):
     """Flash-decoding's second kernel: the attention over all keys from the splits' partial results.
 
@@ -287,29 +310,9 @@ def combine_partials(o_part, lse_part):
     o_part, lse_part = o_part.contiguous(), lse_part.contiguous()
     o = torch.empty(B, H, d, dtype=torch.float32, device=o_part.device)
     lse = torch.empty(B, H, dtype=torch.float32, device=o_part.device)
-    _combine_kernel[(B * H,)](o_part, lse_part, o, lse, S, D=d, BLOCK_S=triton.next_power_of_2(S))
+    combine_kernel[(B * H,)](o_part, lse_part, o, lse, S, D=d, BLOCK_S=triton.next_power_of_2(S))
     return o, lse
     ### END SOLUTION
-
-
-# The kernel(s) the wrapper launches: their names and parameters are yours.
-### BEGIN SOLUTION
-@triton.jit
-def _combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, num_splits,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr):
-    bh = tl.program_id(0)
-    splits = tl.arange(0, BLOCK_S)
-    cols = tl.arange(0, D)
-    present = splits < num_splits
-    rows = bh * num_splits + splits
-    lse_s = tl.load(lse_part_ptr + rows, mask=present, other=float("-inf"))           # (BLOCK_S,)
-    m = tl.max(lse_s, axis=0)                                                          # keeps exp in range
-    lse = m + tl.log(tl.sum(tl.exp(lse_s - m), axis=0))
-    weight = tl.exp(lse_s - lse)                                                       # each split's share
-    o_s = tl.load(o_part_ptr + rows[:, None] * D + cols[None, :], mask=present[:, None], other=0.0)
-    tl.store(o_ptr + bh * D + cols, tl.sum(weight[:, None] * o_s, axis=0))
-    tl.store(lse_ptr + bh, lse)
-### END SOLUTION
 
 
 # %% [test test_combine_partials_values points=2]
@@ -507,6 +510,38 @@ plt.show()
 # :::
 
 # %% [exercise paged_decoding]
+@triton.jit
+def paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
+                          stride_table, stride_block, stride_head, stride_slot,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Program (b, h) of a (B, H) grid: sequence b's blocks, read through row b of the block table, for head h.
+    # A suggested signature: change it as you like, with the launch in the wrapper.
+    ### BEGIN SOLUTION
+    b, h = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, D)
+    slots = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + (b * H + h) * D + cols).to(tl.float32)            # (D,)
+    seq_len = tl.load(lens_ptr + b)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):                       # this sequence's blocks only
+        block = tl.load(table_ptr + b * stride_table + j).to(tl.int64)     # the physical block
+        inside = j * BLOCK_SIZE + slots < seq_len                         # slots after the last token: masked
+        offsets = block * stride_block + h * stride_head + slots[:, None] * stride_slot + cols[None, :]
+        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)   # (BLOCK_SIZE, D)
+        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+        s = tl.where(inside, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(o_ptr + (b * H + h) * D + cols, (acc / l).to(o_ptr.dtype.element_ty))
+    ### END SOLUTION
+
+
 def paged_decoding(q, k_cache, v_cache, block_table, seq_lens, scale=None):
     """One decoding step per sequence, keys and values read through the block table inside the kernel.
 
@@ -530,42 +565,11 @@ def paged_decoding(q, k_cache, v_cache, block_table, seq_lens, scale=None):
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
     o = torch.empty_like(q)
-    _paged_decoding_kernel[(B, H)](q, k_cache, v_cache, block_table, seq_lens, o, scale,
-                                   block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+    paged_decoding_kernel[(B, H)](q, k_cache, v_cache, block_table, seq_lens, o, scale,
+                                  block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                    H=H, D=d, BLOCK_SIZE=block_size)
     return o
     ### END SOLUTION
-
-
-# The kernel(s) the wrapper launches: their names and parameters are yours.
-### BEGIN SOLUTION
-@triton.jit
-def _paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
-                           stride_table, stride_block, stride_head, stride_slot,
-                           H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    b, h = tl.program_id(0), tl.program_id(1)
-    cols = tl.arange(0, D)
-    slots = tl.arange(0, BLOCK_SIZE)
-    q = tl.load(q_ptr + (b * H + h) * D + cols).to(tl.float32)            # (D,)
-    seq_len = tl.load(lens_ptr + b)
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.zeros((), tl.float32)
-    acc = tl.zeros((D,), tl.float32)
-    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):                       # this sequence's blocks only
-        block = tl.load(table_ptr + b * stride_table + j).to(tl.int64)     # the physical block
-        inside = j * BLOCK_SIZE + slots < seq_len                         # slots after the last token: masked
-        offsets = block * stride_block + h * stride_head + slots[:, None] * stride_slot + cols[None, :]
-        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)   # (BLOCK_SIZE, D)
-        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
-        s = tl.where(inside, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    tl.store(o_ptr + (b * H + h) * D + cols, (acc / l).to(o_ptr.dtype.element_ty))
-### END SOLUTION
 
 
 # %% [test test_paged_decoding_values points=2]
