@@ -9,14 +9,23 @@ exercise class, not the given ``__init__``) of the reference module
 operator swaps (+ - * / @ **), comparison flips, constants (0/1, -1/-2 dims, True/False,
 "-inf"), unary operators dropped, operands and call arguments swapped, list/tuple items
 swapped, method calls dropped (``x.transpose(..)`` -> ``x``), ``if`` conditions forced,
-and statements removed (a mask line, a scale line).
+and statements removed (a mask line, a scale line). In Chapter 10 the learner writes
+``@triton.jit`` kernels (and an autograd Function) in an exercise's cell beside the wrapper the
+probes call: every top-level def of an exercise cell is mutated, the kernels too.
 
-Each mutant is loaded as a module and every hidden probe of the chapter is run IN
+Each mutant is loaded as a module (from source text that ``linecache`` holds, so that
+``triton.jit`` can read a mutated kernel back and re-jit it), with every def that calls the
+mutated one defined again beside it (a kernel's wrapper, a wrapper's autograd Function), and
+the hidden probes of the exercises it changes are run IN
 PROCESS by the kernel's own routine (``autograder/sandboxed/probe.py``'s ``call_one``,
 through ``autograder.inprocess``: the probe encoded and its result decoded in the wire
 format, dependencies replaced by the reference), and the result dict is judged by
 ``autograder.judge.verdict.judge_probe`` against the ORIGINAL reference. A mutant is killed
-when any probe reports a problem.
+when any probe reports a problem. A Triton kernel reads memory through pointers, and a
+mutated offset or mask can crash the process: in a chapter of kernels each mutant runs in a
+forked child, and a child that dies (or runs past ``CHILD_SECONDS``) is a kill, as a dead
+kernel loses its tests in grading. Under Triton's interpreter a tile iteration costs about
+5 ms: sample Chapter 10 (``--max-per-chapter``).
 
 Why not mutmut or cosmic-ray: they mutate files on disk and decide "killed" from a
 test command's exit status, one process (or more) per mutant. Here the "tests" are
@@ -41,7 +50,13 @@ import ast
 import copy
 import dataclasses
 import importlib
+import itertools
+import linecache
+import os
+import pickle
 import random
+import select
+import signal
 import sys
 import time
 import types
@@ -58,7 +73,8 @@ from autograder import inprocess  # noqa: E402
 from autograder.judge.verdict import judge_probe  # noqa: E402
 from autograder.sandboxed.wire import ModuleState  # noqa: E402
 
-from coursekit.conventions import chapter_names  # noqa: E402
+from coursekit.conventions import COURSE_DIR, chapter_names  # noqa: E402
+from coursekit.source import parse_chapter  # noqa: E402
 
 CHAPTERS = chapter_names()
 GIVEN_METHODS = {"__init__"}  # given complete in the stubs: not answer code
@@ -97,7 +113,8 @@ _CMP_SWAPS = {ast.Lt: [ast.LtE, ast.Gt], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE, as
 # Names that are easily confused with one another (attribute accesses only).
 _ATTR_GROUPS = [("tril", "triu"), ("sin", "cos"), ("W_q", "W_k", "W_v", "W_o"), ("W_a", "U_a"),
                 ("min", "max"), ("sum", "mean"), ("amax", "amin"), ("float32", "float64"),
-                ("embedding", "out"), ("ne", "eq"), ("lt", "le"), ("gt", "ge")]
+                ("embedding", "out"), ("ne", "eq"), ("lt", "le"), ("gt", "ge"),
+                ("exp", "exp2"), ("log", "log2"), ("maximum", "minimum")]
 _ATTR_SWAPS = {a: [b for b in group if b != a] for group in _ATTR_GROUPS for a in group}
 
 
@@ -382,7 +399,44 @@ class Chapter:
     hidden: H.HiddenTests
     probes: dict            # test id -> [Probe]
     tree: ast.Module
-    exercises: list
+    exercises: list         # what the probes call
+    answers: list = dataclasses.field(default_factory=list)   # every def the learner writes: exercises, their kernels
+    users: dict = dataclasses.field(default_factory=dict)     # top-level name -> the top-level defs that name it
+
+    @property
+    def raw_memory(self) -> bool:
+        """Its kernels read memory through pointers (Triton): a mutated offset can crash the process."""
+        return "triton" in vars(self.reference)
+
+    def affected(self, name) -> set:
+        """NAME and every top-level def that calls it, directly or through others: what a mutant of NAME changes."""
+        found, todo = {name}, [name]
+        while todo:
+            for user in self.users.get(todo.pop(), ()):
+                if user not in found:
+                    found.add(user)
+                    todo.append(user)
+        return found
+
+
+def _answer_defs(name) -> set:
+    """Top-level defs of the chapter's exercise cells: the exercise and, in Chapter 10, its ``@triton.jit``
+    kernels and its autograd Function (the learner writes them in the exercise's cell; the probes call
+    only the wrapper)."""
+    found = set()
+    for cell in parse_chapter(COURSE_DIR / f"{name}.py").of_kind("exercise"):
+        found |= {n.name for n in ast.parse(cell.source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return found
+
+
+def _users(tree: ast.Module) -> dict:
+    defs = [top for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))]
+    users = {}
+    for top in defs:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id != top.name:
+                users.setdefault(node.id, set()).add(top.name)
+    return users
 
 
 def load_chapter(name) -> Chapter:
@@ -392,23 +446,44 @@ def load_chapter(name) -> Chapter:
     probes = {t: hidden.build(t) for t in hidden.builders}
     exercises = sorted({p.target for ps in probes.values() for p in ps})
     tree = ast.parse(Path(reference.__file__).read_text())
-    return Chapter(name, reference, hidden, probes, tree, exercises)
+    defined = {top.name for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))}
+    answers = sorted(set(exercises) | (_answer_defs(name) & defined))
+    return Chapter(name, reference, hidden, probes, tree, exercises, answers, _users(tree))
+
+
+_compiled = itertools.count()
+
+
+def _exec_source(defs, label, ns) -> None:
+    """Run top-level DEFS into NS from source text that ``inspect`` can read back (``linecache``):
+    ``triton.jit`` reads a kernel's source, and its interpreter rewrites it from there."""
+    source = "\n\n".join(ast.unparse(d) for d in defs) + "\n"
+    filename = f"<mutant {next(_compiled)}: {label}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
 
 
 def mutant_namespace(chapter: Chapter, mutant: Mutant | None) -> dict:
-    """The reference module's namespace with one exercise replaced by the mutant."""
+    """The reference module's namespace with one def replaced by the mutant, and every def that calls
+    it (a wrapper of a mutated kernel, the autograd Function of a mutated wrapper) defined again there
+    so that it calls the mutant."""
     mod = types.ModuleType(f"mutant_{chapter.name}")
     mod.__dict__.update({k: v for k, v in vars(chapter.reference).items() if not k.startswith("__")})
     if mutant is not None:
-        code = compile(ast.Module(body=[mutant.tree], type_ignores=[]), f"<mutant {mutant.description}>", "exec")
-        exec(code, mod.__dict__)
+        callers = chapter.affected(mutant.exercise) - {mutant.exercise}
+        again = [top for top in chapter.tree.body
+                 if isinstance(top, (ast.FunctionDef, ast.ClassDef)) and top.name in callers]
+        _exec_source([mutant.tree, *again], mutant.description, mod.__dict__)
     return mod.__dict__
 
 
-def first_problem(chapter: Chapter, ns: dict) -> str | None:
-    """The first problem the hidden tests report for this namespace, or None (survived)."""
+def first_problem(chapter: Chapter, ns: dict, targets=None) -> str | None:
+    """The first problem the hidden tests report for this namespace, or None (survived).
+    targets: only the probes of these exercises (those a mutant can change); default all."""
     for test_id, probes in chapter.probes.items():
         for probe in probes:
+            if targets is not None and probe.target not in targets:
+                continue
             got = run_probe(chapter, probe, ns)
             try:
                 problems = judge_probe(probe, got, chapter.hidden.from_scratch)
@@ -421,7 +496,9 @@ def first_problem(chapter: Chapter, ns: dict) -> str | None:
 
 # ------------------------------------------------------------------ equivalence heuristic
 
-def _redraw(value, gen):
+def _redraw(value, gen, keep_integers=False):
+    """VALUE drawn again at random; integer tensors kept when KEEP_INTEGERS (a kernel's indices: block
+    tables, lengths: a kernel reads memory at them, and a redrawn index out of range crashes it)."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         scale = float(value.detach().double().std()) if value.numel() > 1 else 1.0
         return (torch.randn(value.shape, generator=gen, dtype=torch.float64) * (scale or 1.0)).to(value.dtype)
@@ -429,18 +506,18 @@ def _redraw(value, gen):
         new = torch.rand(value.shape, generator=gen) < 0.6
         new[..., 0] = True
         return new
-    if isinstance(value, torch.Tensor) and value.dtype == torch.long and value.numel():
+    if isinstance(value, torch.Tensor) and value.dtype == torch.long and value.numel() and not keep_integers:
         hi = int(value.max()) + 2
         return torch.randint(0, hi, value.shape, generator=gen)
     return value
 
 
-def _variants(probe, gen, draws=3):
+def _variants(probe, gen, draws=3, keep_integers=False):
     """Probes around ``probe``: inputs re-drawn at random, and integer arguments moved by +-1/+2."""
     out = []
     for _ in range(draws):
-        out.append(dataclasses.replace(probe, args=tuple(_redraw(a, gen) for a in probe.args),
-                                       kwargs={k: _redraw(v, gen) for k, v in probe.kwargs.items()}))
+        out.append(dataclasses.replace(probe, args=tuple(_redraw(a, gen, keep_integers) for a in probe.args),
+                                       kwargs={k: _redraw(v, gen, keep_integers) for k, v in probe.kwargs.items()}))
     for i, a in enumerate(probe.args):
         if isinstance(a, int) and not isinstance(a, bool):
             for delta in (1, 2, 3):
@@ -480,12 +557,13 @@ def classify_survivor(chapter: Chapter, mutant: Mutant, ns: dict, seed=0) -> tup
         return "unspecified", KNOWN_SURVIVORS[mutant.key]
     gen = torch.Generator().manual_seed(seed)
     ref_ns = mutant_namespace(chapter, None)
+    targets = chapter.affected(mutant.exercise)
     checked, precision_only = 0, None
     for probes in chapter.probes.values():
         for probe in probes:
-            if probe.target != mutant.exercise:
+            if probe.target not in targets:
                 continue
-            for variant in _variants(probe, gen):
+            for variant in _variants(probe, gen, keep_integers=chapter.raw_memory):
                 want = _outputs(chapter, variant, ref_ns)
                 if isinstance(want, str):
                     continue   # the reference itself rejects this variant
@@ -526,35 +604,86 @@ class ChapterReport:
         return len(self.killed) / relevant if relevant else 1.0
 
 
+# A mutant of a raw-memory chapter runs in a child process: past this, it is stopped (each probe has its
+# own time limit as in grading; this catches the rest).
+CHILD_SECONDS = 600
+
+
+def judged(chapter: Chapter, mutant: Mutant, seed=0) -> tuple:
+    """("killed", why) or ("survived", class, explanation) of one mutant."""
+    try:
+        ns = mutant_namespace(chapter, mutant)
+    except Exception as err:  # noqa: BLE001 - does not even compile: trivially killed
+        return "killed", f"does not load: {err}"
+    problem = first_problem(chapter, ns, chapter.affected(mutant.exercise))
+    if problem:
+        return "killed", problem
+    return ("survived", *classify_survivor(chapter, mutant, ns, seed))
+
+
+def in_child(fn, seconds=CHILD_SECONDS):
+    """FN() in a forked child, its result pickled back; ("killed", why) if the child dies or runs past
+    SECONDS, as a dead or stopped kernel loses its tests when grading."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        try:
+            payload = pickle.dumps(fn())
+        except BaseException as err:  # noqa: BLE001 - said to the parent, as a kill
+            payload = pickle.dumps(("killed", f"the mutation run raised {type(err).__name__}: {err}"))
+        with os.fdopen(write, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + seconds
+    with os.fdopen(read, "rb") as pipe:
+        while True:
+            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "killed", f"ran past {seconds} s (stopped)"
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return "killed", f"the process died ({signal.Signals(os.WTERMSIG(status)).name})"
+    return pickle.loads(b"".join(chunks))
+
+
 def run_chapter(name, limit=None, seed=0, only=None, verbose=False) -> ChapterReport:
     """Mutate, run and judge one chapter. ``limit`` samples that many mutants (deterministic seed);
-    ``only`` keeps mutants whose description contains one of the given strings."""
+    ``only`` keeps mutants whose description contains one of the given strings. In a chapter of
+    Triton kernels, the kernels are mutated too (each is re-jitted from its mutated source) and
+    every mutant runs in a child process (``in_child``)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     chapter = load_chapter(name)
     kinds = _argument_kinds([p for ps in chapter.probes.values() for p in ps], chapter.reference)
-    mutants = mutants_of(chapter.tree, set(chapter.exercises), kinds)
+    mutants = mutants_of(chapter.tree, set(chapter.answers), kinds)
     if only:
         mutants = [m for m in mutants if any(s in m.description for s in only)]
     if limit is not None and len(mutants) > limit:
         mutants = sorted(random.Random(seed).sample(mutants, limit), key=lambda m: (m.exercise, m.lineno))
     killed, survivors = [], []
     for mutant in mutants:
-        try:
-            ns = mutant_namespace(chapter, mutant)
-        except Exception as err:  # noqa: BLE001 - does not even compile: trivially killed
-            killed.append((mutant.description, f"does not load: {err}"))
-            continue
-        problem = first_problem(chapter, ns)
-        if problem:
-            killed.append((mutant.description, problem))
-            if verbose:
-                print(f"  killed   {mutant.description}\n           by {problem[:150]}")
+        if chapter.raw_memory:
+            outcome = in_child(lambda mutant=mutant: judged(chapter, mutant, seed))
         else:
-            kind, why = classify_survivor(chapter, mutant, ns, seed)
-            survivors.append((mutant.description, kind, why))
+            outcome = judged(chapter, mutant, seed)
+        if outcome[0] == "killed":
+            killed.append((mutant.description, outcome[1]))
             if verbose:
-                print(f"  SURVIVED {mutant.description} [{kind}] {why}")
+                print(f"  killed   {mutant.description}\n           by {outcome[1][:150]}")
+        else:
+            survivors.append((mutant.description, *outcome[1:]))
+            if verbose:
+                print(f"  SURVIVED {mutant.description} [{outcome[1]}] {outcome[2]}")
     return ChapterReport(name, len(mutants), killed, survivors, time.perf_counter() - started)
 
 
