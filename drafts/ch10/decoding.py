@@ -5,17 +5,18 @@
 # and head has **one** new query, which attends to all $N$ keys and values cached so far
 # (Chapter 8's key/value cache): `q (B, H, d)` against `k, v (B, H, N, d)`. The
 # arithmetic is small, $4Nd$ FLOPs per head, but every key and value must be read from
-# memory once, $2Nd$ numbers: about one FLOP per byte in bf16 (two bytes a number). Section 8 shows what
-# that means on a GPU: a decoding step is limited by how fast the memory can be read, and
-# a GPU reads at full speed only when many of its streaming multiprocessors (SMs) are
-# loading at once; one SM alone draws a small part of the bandwidth.
+# memory once, $2Nd$ numbers: about one FLOP per byte in bf16 (two bytes a number).
+# Section 8 shows what that means on a GPU: a decoding step is limited by how fast the
+# memory can be read, and a GPU reads at full speed only when many of its streaming
+# multiprocessors (SMs) are loading at once; one SM alone draws a small part of the
+# bandwidth.
 #
 # FlashAttention-2's forward kernel gives each program one tile of queries of one
 # (batch, head). With a single query there is one tile per head, so a decoding step
-# launches only $B \cdot H$ programs, each of which walks through all $N$ keys alone. The cell below counts them
-# for a realistic decoding step (one sequence, $H = 32$ heads of $d = 128$, a cache of
-# $N = 32{,}768$ tokens) on an H100 SXM, which has 132 SMs (NVIDIA's H100 architecture whitepaper,
-# 2022).
+# launches only $B \cdot H$ programs, each of which walks through all $N$ keys alone. The
+# cell below counts them for a realistic decoding step (one sequence, $H = 32$ heads of
+# $d = 128$, a cache of $N = 32{,}768$ tokens) on an H100 SXM, which has 132 SMs
+# (NVIDIA's H100 architecture whitepaper, 2022).
 
 # %%
 def programs_per_launch(batch, heads, n_queries, block_m=16, num_splits=1):
@@ -422,8 +423,8 @@ glue("decode_ms_per_step", f"{1000 * seconds / steps:.0f}", display=False)
 # Over all these shapes the largest difference from float64 is
 # {glue:text}`decode_max_error`: the split and the combine change the order of the
 # additions, not the result. The seconds printed are the interpreter's (the book runs on a
-# CPU): the last launch pair, {glue:text}`decode_seconds` s for a cache of 4,096 keys,
-# costs about {glue:text}`decode_ms_per_step` ms per tile step, because the interpreter runs
+# CPU): the last shape's two launches, {glue:text}`decode_seconds` s for a cache of 4,096
+# keys, cost about {glue:text}`decode_ms_per_step` ms per tile step, because the interpreter runs
 # the programs one after another and every `tl` operation of a step as a numpy call. They
 # say nothing about a GPU; Section 8 explains what does.
 
@@ -513,7 +514,7 @@ plt.show()
 @triton.jit
 def paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
                           stride_table, stride_block, stride_head, stride_slot,
-                           H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                          H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     # Program (b, h) of a (B, H) grid: sequence b's blocks, read through row b of the block table, for head h.
     # A suggested signature: change it as you like, with the launch in the wrapper.
     ### BEGIN SOLUTION
