@@ -835,10 +835,11 @@ plt.show()
 #   the tiles of $B_r = 16$ that the interpreter runs, at $N = 128$, $d = 64$, the intensity is
 #   {glue:text}`ai_flash_128_64` against naive attention's {glue:text}`ai_naive_128_64`:
 #   small tiles re-read $K$ and $V$ too often. This is why a GPU kernel uses the largest
-#   tiles its fast on-chip memory holds. A causal mask halves both the FLOPs and the tiles
-#   of $K$ and $V$ read, and leaves the intensity as it is. The count is pessimistic: programs of the same
-#   head that run at the same time share their reads of $K$ and $V$ through the GPU's L2
-#   cache, which moves a real kernel to the right of its point.
+#   tiles its fast on-chip memory holds. A causal mask halves both the FLOPs and the
+#   tiles of $K$ and $V$ read, and leaves the intensity as it is. The count is
+#   pessimistic: programs of the same head that run at the same time share their reads
+#   of $K$ and $V$ through the GPU's L2 cache, which moves a real kernel to the right of
+#   its point.
 # - **A decoding step sits at {glue:text}`ai_decode_16384_64` FLOP/byte**, whatever $N$:
 #   each key and value is used once, so an H100 runs it at {glue:text}`bound_decode_h100`
 #   TFLOP/s at most, {glue:text}`decode_peak_share`% of its peak. Nothing but bandwidth
@@ -847,12 +848,15 @@ plt.show()
 #
 # **What the CPU measures here, and what it does not.** Without a GPU, every kernel of this
 # chapter runs in Triton's interpreter, which executes each program one after another with
-# numpy arrays; it checks that a kernel computes the right numbers with the right masks, and
-# says nothing about its speed (a tile step costs milliseconds in the interpreter and
-# nanoseconds on a GPU). For a reference point from real hardware: the public leaderboard
-# of Stanford's CS336 (assignment 2, FlashAttention-2 in Triton) times a causal
-# forward and backward pass with $16$ heads of $d = 64$ at $N = 16{,}384$ in bf16 on an H100;
-# its baseline takes 80 ms and its best entry 5.4 ms, {glue:text}`cs336_speedup` times
-# faster. On a machine with a CUDA GPU, `benchmarks/attention_kernels_gpu.py`
-# times your kernels against `F.scaled_dot_product_attention` and naive attention and
-# prints the TFLOP/s they reach, to set against the roofline above.
+# numpy arrays; it checks that a kernel computes the right numbers with the right masks,
+# and says nothing about its speed (a tile step takes milliseconds in the interpreter, a
+# microsecond or less on a GPU). For a reference point from real hardware: the public
+# leaderboard of Stanford's CS336 (assignment 2, FlashAttention-2 in Triton) times a
+# causal forward and backward pass with $16$ heads of $d = 64$ at $N = 16{,}384$ in bf16 on
+# an H100; its baseline takes 80 ms and its best entry 5.4 ms,
+# {glue:text}`cs336_speedup` times faster. On a machine with a CUDA GPU,
+# `benchmarks/attention_kernels_gpu.py` times the chapter's FlashAttention-2 kernels (the
+# reference's, or any module's with the same wrappers: `--kernels`) against
+# `F.scaled_dot_product_attention` and naive attention, forward and forward+backward, and
+# prints the TFLOP/s they reach, to set against the roofline above; its options
+# `--batch 1 --heads 16 --d 64 --dtype bf16 --causal on --n 16384` give CS336's shape.
