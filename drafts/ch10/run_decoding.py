@@ -5,8 +5,13 @@ glue with a print fallback), as they will in course/10_attention_kernels.py, wit
 reference solutions in place. Figures go to the Agg backend and are not shown.
 
     nice .venv/bin/python drafts/ch10/run_decoding.py [--quiet] [--figures DIR]
+    nice .venv/bin/python drafts/ch10/run_decoding.py --compile-for-gpu
 
-With --figures, each figure a cell shows is saved as DIR/figure_N.png.
+With --figures, each figure a cell shows is saved as DIR/figure_N.png. With --compile-for-gpu,
+nothing runs: the exercise cells' kernels are compiled, without a GPU and without the
+interpreter, for an H100 (sm_90) and an A100 (sm_80), down to a cubin, at the dtypes and
+sizes the wrappers launch them with; a kernel that only the interpreter can run (one that
+calls torch, say) fails here.
 """
 from __future__ import annotations
 
@@ -54,6 +59,56 @@ def cells(source: str) -> list[tuple[str, str]]:
     return [(parts[i].strip(), parts[i + 1]) for i in range(1, len(parts), 2)]
 
 
+# Each kernel's signature as the wrappers launch it (pointer dtypes, integer arguments), and its
+# constexprs at a large and a small size.
+GPU_LAUNCHES = {
+    "decode_partials_kernel": (
+        dict(q_ptr="*fp32", k_ptr="*fp32", v_ptr="*fp32", o_part_ptr="*fp32", lse_part_ptr="*fp32",
+             n_keys="i32", split_len="i32", scale="fp32"),
+        [dict(D=128, BLOCK_N=64), dict(D=16, BLOCK_N=16)]),
+    "combine_kernel": (
+        dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", o_ptr="*fp32", lse_ptr="*fp32", num_splits="i32"),
+        [dict(D=128, BLOCK_S=64), dict(D=16, BLOCK_S=1)]),
+    "paged_decoding_kernel": (
+        dict(q_ptr="*fp16", k_ptr="*fp32", v_ptr="*fp32", table_ptr="*i64", lens_ptr="*i32", o_ptr="*fp16",
+             scale="fp32", stride_table="i32", stride_block="i32", stride_head="i32", stride_slot="i32"),
+        [dict(H=32, D=128, BLOCK_SIZE=16), dict(H=1, D=16, BLOCK_SIZE=4)]),
+}
+
+
+def compile_for_gpu() -> int:
+    """Compile every kernel of the exercise cells for sm_90 and sm_80 (Triton's own ptxas); 0 if all do."""
+    import os
+    import tempfile
+    os.environ.pop("TRITON_INTERPRET", None)           # real compilation, not the interpreter
+    import triton
+    import triton.language as tl
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    namespace = {"math": __import__("math"), "torch": torch, "triton": triton, "tl": tl}
+    with tempfile.TemporaryDirectory() as folder:
+        for number, (header, body) in enumerate(cells((HERE / "decoding.py").read_text())):
+            if "[exercise" in header:
+                path = pathlib.Path(folder) / f"cell_{number}.py"    # triton.jit reads its source from a file
+                path.write_text(body)
+                exec(compile(body, str(path), "exec"), namespace)
+        failed = 0
+        for name, (signature, sizes) in GPU_LAUNCHES.items():
+            for constexprs in sizes:
+                for arch in (90, 80):
+                    full = {**signature, **{key: "constexpr" for key in constexprs}}
+                    positions = {(list(full).index(key),): value for key, value in constexprs.items()}
+                    try:
+                        kernel = triton.compile(ASTSource(namespace[name], full, positions),
+                                                target=GPUTarget("cuda", arch, 32))
+                        print(f"sm_{arch} {name} {constexprs}: cubin of {len(kernel.asm['cubin']):,} bytes")
+                    except Exception as error:  # noqa: BLE001 - report every kernel, then fail
+                        failed += 1
+                        print(f"sm_{arch} {name} {constexprs}: FAILED {type(error).__name__}: {error}")
+    return 1 if failed else 0
+
+
 def main(quiet: bool = False, figures: pathlib.Path | None = None) -> int:
     namespace: dict = {"__name__": "__decoding__"}
     started = time.perf_counter()
@@ -95,5 +150,7 @@ def main(quiet: bool = False, figures: pathlib.Path | None = None) -> int:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--compile-for-gpu" in args:
+        sys.exit(compile_for_gpu())
     target = pathlib.Path(args[args.index("--figures") + 1]) if "--figures" in args else None
     sys.exit(main(quiet="--quiet" in args, figures=target))
