@@ -352,9 +352,9 @@ assert torch.allclose(cs_o, cs_want, atol=1e-5), "o is wrong when the partial lo
 
 # %% [markdown]
 # **Averaging is wrong, weighting is right.** One head's cache of 96 keys in 4 splits,
-# where four keys, all in the last split, match the query better than the others (the
-# keys a step needs are seldom spread evenly over the cache); the partial results come
-# from your `flash_decoding_partials`:
+# where four keys, all in the last split, match the query better than the others (nothing
+# spreads the keys a step needs evenly over the cache); the partial results come from
+# your `flash_decoding_partials`:
 
 # %%
 torch.manual_seed(0)
@@ -383,10 +383,10 @@ for name, value in {"avg_last_weight": f"{avg_weights[0, 0, -1].item():.3f}", "a
     glue(name, value, display=False)
 
 # %% [markdown]
-# The last split holds a share of {glue:text}`avg_last_weight` of the softmax's mass, and
-# the average gives it a quarter, and the other three splits, which share the rest, three
-# quarters: it misses the exact output by {glue:text}`avg_err_mean`, on outputs whose largest
-# entry is {glue:text}`avg_exact_max`. Weighted by $e^{\ell_s - \ell}$, the parts give the
+# The last split holds a share of {glue:text}`avg_last_weight` of the softmax's mass. The
+# average gives it a quarter of the say, and the other three splits, which hold the rest,
+# three quarters: it misses the exact output by {glue:text}`avg_err_mean`, on outputs whose
+# largest entry is {glue:text}`avg_exact_max`. Weighted by $e^{\ell_s - \ell}$, the parts give the
 # exact output to {glue:text}`avg_err_weighted`, float32 rounding.
 #
 # How close are the two kernels to torch on other shapes? The cell runs them on several,
@@ -424,9 +424,9 @@ glue("decode_ms_per_step", f"{1000 * seconds / steps:.0f}", display=False)
 # {glue:text}`decode_max_error`: the split and the combine change the order of the
 # additions, not the result. The seconds printed are the interpreter's (the book runs on a
 # CPU): the last shape's two launches, {glue:text}`decode_seconds` s for a cache of 4,096
-# keys, cost about {glue:text}`decode_ms_per_step` ms per tile step, because the interpreter runs
-# the programs one after another and every `tl` operation of a step as a numpy call. They
-# say nothing about a GPU; Section 8 explains what does.
+# keys, cost about {glue:text}`decode_ms_per_step` ms per tile step, because the
+# interpreter runs the programs one after another and every `tl` operation of a step as
+# a numpy call. They say nothing about a GPU; Section 8 explains what does.
 
 # %% [markdown]
 # ## 7. Paged decoding
@@ -830,10 +830,10 @@ plt.show()
 #   {glue:text}`bound_naive_h100` TFLOP/s on an H100 at $N = 16{,}384$, $d = 64$.
 # - **FlashAttention-2's intensity is its tile of queries.** Every program reads all of
 #   $K$ and $V$ for $4 B_r N d$ FLOPs, so $I \approx B_r$: {glue:text}`ai_flash_16384_64`
-#   at $N = 16{,}384$ with tiles of $B_r = 128$, moving {glue:text}`bytes_ratio_16384_64` times fewer
-#   bytes than naive attention and bounded at {glue:text}`bound_flash_h100` TFLOP/s. With
-#   the tiles of $B_r = 16$ that the interpreter runs, at $N = 128$, $d = 64$, the intensity is
-#   {glue:text}`ai_flash_128_64` against naive attention's {glue:text}`ai_naive_128_64`:
+#   at $N = 16{,}384$ with tiles of $B_r = 128$, moving {glue:text}`bytes_ratio_16384_64`
+#   times fewer bytes than naive attention and bounded at {glue:text}`bound_flash_h100`
+#   TFLOP/s. With the tiles of $B_r = 16$ that the interpreter runs, at $N = 128$,
+#   $d = 64$, the intensity is {glue:text}`ai_flash_128_64` against naive attention's {glue:text}`ai_naive_128_64`:
 #   small tiles re-read $K$ and $V$ too often. This is why a GPU kernel uses the largest
 #   tiles its fast on-chip memory holds. A causal mask halves both the FLOPs and the
 #   tiles of $K$ and $V$ read, and leaves the intensity as it is. The count is
