@@ -1,0 +1,5 @@
+"""Hidden tests (instructor-only) for chapter 10_attention_kernels.
+
+generated from course/10_attention_kernels.py by `make generate`; do not edit.
+"""
+
