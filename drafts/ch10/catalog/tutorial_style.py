@@ -50,8 +50,8 @@ def running_state_kernel(X, M, L, n_cols, n_blocks, BLOCK: tl.constexpr):
         idx = block * BLOCK + tl.arange(0, BLOCK)
         chunk = tl.load(x_row + idx, mask=idx < n_cols, other=-float("inf"))
         new_max = tl.maximum(running_max, tl.max(chunk, 0))
-        running_sum = running_sum * tl.exp2((running_max - new_max) * LOG2E) \\
-            + tl.sum(tl.exp2((chunk - new_max) * LOG2E), 0)
+        running_sum = (running_sum * tl.exp2((running_max - new_max) * LOG2E)
+                       + tl.sum(tl.exp2((chunk - new_max) * LOG2E), 0))
         running_max = new_max
         tl.store(M + r * n_blocks + block, running_max)
         tl.store(L + r * n_blocks + block, running_sum)
