@@ -207,17 +207,17 @@ FLASH_ATTENTION = '''
 class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=False, scale=None):
-        o, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale)
-        ctx.save_for_backward(q, k, v, o, lse)
+        out, logsumexp = flash_attention_forward(q, k, v, causal=causal, scale=scale)
         ctx.causal = causal
         ctx.scale = scale
-        return o
+        ctx.save_for_backward(q, k, v, out, logsumexp)    # the logsumexp: all the backward needs of P
+        return out
 
     @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale)
-        return dq, dk, dv, None, None
+    def backward(ctx, grad_out):
+        grads = flash_attention_backward(*ctx.saved_tensors, grad_out.contiguous(), causal=ctx.causal,
+                                         scale=ctx.scale)
+        return (*grads, None, None)                       # nothing for causal and scale
 
 
 def flash_attention(q, k, v, causal=False, scale=None):

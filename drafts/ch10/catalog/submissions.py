@@ -79,9 +79,9 @@ MISTAKES = {
         "k.to(tl.float32)) * sm_scale", "k.to(tl.float32))")]),
     # autograd.Function
     "function_three_gradients": ("offsets", "flash_attention", [(
-        "return dq, dk, dv, None, None", "return dq, dk, dv")]),
+        "return (*grads, None, None)", "return grads")]),
     "function_backward_forgets_causal": ("offsets", "flash_attention", [(
-        "causal=ctx.causal, scale=ctx.scale)", "scale=ctx.scale)")]),
+        "causal=ctx.causal,\n", "\n")]),
     # flash-decoding
     "partials_split_floor": ("offsets", "flash_decoding_partials", [(
         "split_len = triton.cdiv(N, num_splits)", "split_len = N // num_splits")]),
@@ -113,11 +113,11 @@ MISTAKES = {
          "    scores = torch.empty((B, H, N, N), dtype=torch.float32, device=q.device)\n"
          "    grid = (triton.cdiv(N, block_m), B * H)\n"),
         ("(q, k, v, o, lse, N, scale,", "(q, k, v, o, lse, scores, N, scale,")]),
-    "function_saves_probabilities": ("offsets", "flash_attention", [(
-        "        ctx.save_for_backward(q, k, v, o, lse)\n",
-        "        p = torch.exp(q @ k.transpose(-2, -1) * (scale or q.shape[-1] ** -0.5) - lse[..., None])\n"
-        "        ctx.save_for_backward(q, k, v, o, lse, p)   # kept for a backward that might want P\n"),
-        ("        q, k, v, o, lse = ctx.saved_tensors", "        q, k, v, o, lse, p = ctx.saved_tensors")]),
+    "function_saves_probabilities": ("offsets", "flash_attention", [
+        ("        ctx.save_for_backward(q, k, v, out, logsumexp)    # the logsumexp: all the backward needs of P\n",
+         "        p = torch.exp(q @ k.transpose(-2, -1) * (scale or q.shape[-1] ** -0.5) - logsumexp[..., None])\n"
+         "        ctx.save_for_backward(q, k, v, out, logsumexp, p)   # P too, for a backward that might want it\n"),
+        ("flash_attention_backward(*ctx.saved_tensors,", "flash_attention_backward(*ctx.saved_tensors[:5],")]),
 }
 
 # Mistakes whose wrong values only show through another exercise in check.py (it runs the learner's
