@@ -40,7 +40,7 @@
 # Windows).
 #
 # **Time.** About 4 hours. The interpreter is slow (Section 1 measures how slow), so each
-# test runs on small shapes; the whole chapter runs in about a minute and a half.
+# test runs on small shapes; the whole notebook runs in about 1 minute.
 #
 # **What you will build.**
 #
@@ -72,6 +72,12 @@ import triton
 import triton.language as tl
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# %% [hidden]
+import solutions.ch10_attention_kernels as ref
+from autograder.hidden import HiddenTests
+
+hidden = HiddenTests(ref)
 
 # %%
 import time
@@ -131,7 +137,7 @@ def add(x, y, block=1024):
 
 
 add_x, add_y = torch.randn(10_000), torch.randn(10_000)
-assert torch.equal(add(add_x, add_y), add_x + add_y)
+assert torch.equal(add(add_x, add_y), add_x + add_y), "the kernel's sum differs from torch's"
 add_programs = triton.cdiv(add_x.numel(), 1024)
 add(add_x, add_y)                                   # the first launch also parses the kernel
 add_start = time.perf_counter()
@@ -370,9 +376,10 @@ assert torch.allclose(ol_one_m[:, 0] + torch.log(ol_one_l[:, 0]), torch.logsumex
 
 # %% [markdown]
 # The figure follows one row of 128 scores through blocks of 16: the running maximum
-# steps up whenever a block holds a larger score, and at each step the sum drops,
-# because every earlier term is rescaled against the new maximum; in between it grows.
-# The last state gives the row's logsumexp.
+# steps up whenever a block holds a larger score. The sum grows with every block, except
+# where the maximum steps up far enough: then every earlier term is rescaled by
+# $e^{m_\text{old} - m_\text{new}} < 1$ and the sum can fall. The last state gives the
+# row's logsumexp.
 
 # %% [tags=hide-input]
 def draw_online_softmax():
@@ -442,10 +449,10 @@ def draw_forward_tiles(n_tiles=6, program=3):
         "queries": "query tiles (B_m rows each)", "keys": "key / value tiles (B_n columns each)",
         "program": "program i", "skipped": "skipped", "masked": "masked inside", "full": "computed",
     }
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, causal in zip(axes, (False, True)):
         ax.set_xlim(-1.6, n_tiles + 0.3)
-        ax.set_ylim(n_tiles + 1.6, -1.0)
+        ax.set_ylim(n_tiles + 0.3, -0.8)
         ax.axis("off")
         for r in range(n_tiles):
             for c in range(n_tiles):
@@ -781,6 +788,7 @@ def draw_backward_flow():
              "dS = P * (dO v^T - D)\ndQ += dS k",
         "dkdv": "dK = scale * sum, dV", "dq": "dQ = scale * sum",
         "atomic": "or: dQ by tl.atomic_add\ninside kernel 2",
+        "d_and_inputs": "D (and q, k, v, dO, lse)",
     }
     fig, ax = plt.subplots(figsize=(11, 5))
     ax.set_xlim(0, 12)
@@ -798,6 +806,7 @@ def draw_backward_flow():
     box(5.0, 0.9, 2.6, 0.6, text["dkdv"], "#dbe9f6")
     box(9.0, 0.9, 2.6, 0.6, text["dq"], "#f9d3d3")
     box(9.0, 6.2, 2.6, 0.9, text["atomic"], "#f2f2f2", size=7)
+    ax.text(7.3, 5.2, text["d_and_inputs"], fontsize=7, rotation=-52)
     arrows = [((2.9, 5.8), (3.5, 6.1)), ((2.9, 3.5), (3.5, 6.0)), ((2.9, 5.3), (3.4, 4.1)),
               ((2.9, 3.4), (3.4, 3.3)), ((5.0, 5.75), (5.0, 4.4)), ((6.5, 6.2), (7.4, 4.0)),
               ((5.0, 2.0), (5.0, 1.2)), ((9.0, 2.0), (9.0, 1.2))]
@@ -1073,6 +1082,7 @@ gradient_q, gradient_k, gradient_v = (t.clone().requires_grad_() for t in (chapt
 gradient_do = torch.randn_like(chapter_q)
 start = time.perf_counter()
 gradient_o = flash_attention(gradient_q, gradient_k, gradient_v, causal=True)
+saved_bytes = sum(t.numel() * t.element_size() for t in gradient_o.grad_fn.saved_tensors)   # before backward frees them
 gradient_o.backward(gradient_do)
 gradient_seconds = time.perf_counter() - start
 _, _, want_dq, want_dk, want_dv = naive_attention_gradients(chapter_q, chapter_k, chapter_v, gradient_do, causal=True)
@@ -1083,7 +1093,6 @@ print(f"max error dq {gradient_errors[0]:.1e}, dk {gradient_errors[1]:.1e}, dv {
 glue("grad_error", f"{max(gradient_errors):.1e}", display=False)
 glue("grad_seconds", f"{gradient_seconds:.1f}", display=False)
 
-saved_bytes = sum(t.numel() * t.element_size() for t in gradient_o.grad_fn.saved_tensors)
 kept_per_head = {"kernel": 4 * 4096 * 64 * 2 + 4096 * 4, "naive": 4096 * 4096 * 4 + 4 * 4096 * 64 * 2}
 print(f"saved at N = 100: {saved_bytes:,} bytes; at N = 4,096, float16, per head: kernel "
       f"{kept_per_head['kernel'] / 2**20:.2f} MiB, naive {kept_per_head['naive'] / 2**20:.1f} MiB")
@@ -1132,7 +1141,7 @@ glue("kept_naive_mib", f"{kept_per_head['naive'] / 2**20:.1f}", display=False)
 #
 #    ```{dropdown} Answer
 #    There are $32 \times 32 = 1{,}024$ tiles. Query tile $i$ (from 0) computes key tiles
-#    0 to $i$: $1 + 2 + \dots + 32 = 528$ tiles, 52% of them; only the 32 diagonal tiles
+#    0 to $i$: $1 + 2 + \dots + 32 = 528$ tiles, about half; only the 32 diagonal tiles
 #    need the mask `cols <= rows`, the others are wholly below the diagonal.
 #    ```
 #
@@ -1180,8 +1189,10 @@ glue("kept_naive_mib", f"{kept_per_head['naive'] / 2**20:.1f}", display=False)
 # - Compute dQ with `tl.atomic_add` into a float32 buffer inside the dK/dV kernel, drop
 #   the third kernel, and check that the gradients still agree with autograd. Run it
 #   twice: are the results identical bit for bit?
-# - Rewrite the forward with block pointers (`tl.make_block_ptr` and `tl.advance`)
-#   instead of offsets and masks.
+# - Rewrite the forward with tensor descriptors (`tl.make_tensor_descriptor`, which
+#   load whole tiles and mask the ragged edge themselves) instead of offsets and masks.
+#   (Block pointers, `tl.make_block_ptr`, do the same on a GPU, but Triton 3.9's
+#   interpreter does not run them.)
 # - Add a dropout on the probabilities that the backward regenerates from a seed
 #   (`tl.rand`), as FlashAttention does, instead of storing the mask.
 # - Support grouped-query attention (Chapter 8): several query heads share one key and

@@ -87,6 +87,7 @@ TYPED = {
     ("09_beyond_text", "15 times the"): "arithmetic: 65^2 / 17^2 attention scores, one-pixel against 2x2 patches",
     ("09_beyond_text", "196 times more"): "arithmetic shown in the answer: 50,176 inputs against 256 latents",
     ("09_beyond_text", "four times the"): "arithmetic: (224/16)^2 = 196 tokens against (224/32)^2 = 49",
+    ("10_attention_kernels", "1 minute"): "time estimate for the reader (opening)",
 }
 
 _NUMBER = (r"(?<![\w.{`$])(?:\d[\d,]*(?:\.\d+)?|a|an|one|two|three|four|five|six|seven|eight|nine|ten"
