@@ -164,7 +164,8 @@ def _graded(session, work, kernel, nb, info, student, feedback, keep_course):
     shutil.copytree(template, course)
     release = nbformat.read(template / "release" / info.name / f"{info.name}.ipynb", as_version=4)
     # every cell the learner can edit or add, told from the release's own cells
-    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
+    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session),
+                                kernel_only=session.hidden.kernel_only)
     clean, repairs = repaired(nb, release)
     submitted = course / "submitted" / student / info.name
     submitted.mkdir(parents=True)

@@ -187,11 +187,15 @@ class Builder:
 
 
 class HiddenTests:
-    def __init__(self, reference, from_scratch=(), inputs_kept=()):
+    def __init__(self, reference, from_scratch=(), inputs_kept=(), kernel_only=()):
         """inputs_kept: exercises whose spec text says they must not change their inputs in place;
-        only their probes judge that (any other exercise may change them: a correct style)."""
+        only their probes judge that (any other exercise may change them: a correct style).
+        kernel_only: exercises that compute in @triton.jit kernels only (Chapter 10): the static check
+        refuses torch or numpy computing outside kernels and anything but triton inside them; they are
+        from-scratch exercises too (no built-in, no tampering)."""
         self.reference = reference
-        self.from_scratch = set(from_scratch)
+        self.kernel_only = set(kernel_only)
+        self.from_scratch = set(from_scratch) | self.kernel_only
         self.inputs_kept = set(inputs_kept)
         self.builders: dict[str, Callable[[Builder], None]] = {}
         self.memory_rules: dict[str, tuple[int, str]] = {}

@@ -249,7 +249,8 @@ def _grade_notebook(path, prepared: GradingSession | None = None) -> dict:
     session = _unused_session(info, prepared)
     release = nbformat.read(C.learner_notebook(info.name, info.language), as_version=4)
     # every cell the learner can edit or add, told from the release's own cells
-    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session))
+    static = static_builtin_use(nb, session.hidden.from_scratch, release, substituted_dependencies(session),
+                                kernel_only=session.hidden.kernel_only)
     clean, repairs = repaired(nb, release)
     _run_cells(_code_cells(clean, info), session)
     outcomes = judge(session, static, stopped=None)

@@ -904,10 +904,12 @@ class _Program:
                                 "cannot read)", name=s.star))]
         return []
 
-    def reach(self, names, *, skip=(), after: dict | None = None):
+    def reach(self, names, *, skip=(), after: dict | None = None, findings=None):
         """The first finding in the code that NAMES run: (statement, name, findings), or None.
         SKIP: names not followed (substituted by the reference); AFTER: name -> cell number before
-        which its definitions are not read (a later definition replaces them)."""
+        which its definitions are not read (a later definition replaces them); FINDINGS: statement ->
+        findings, the from-scratch rule's by default."""
+        own_rule, findings = findings is None, findings or self.findings
         queue, seen = collections.deque(names), set(skip)
         while queue:
             name = queue.popleft()
@@ -918,11 +920,13 @@ class _Program:
             for s in self.defs.get(name, []):
                 if s.cell.number < first:
                     continue
-                found = self.findings(s)
+                found = findings(s)
                 if found:
                     return s, name, found
                 queue.extend(s.uses - seen)
             for s in self.statements:
+                if not own_rule:   # a star import is only a from-scratch question
+                    break
                 if s.star and s.cell.number >= first:
                     found = self._star_findings(s, name)
                     if found:
@@ -999,12 +1003,14 @@ def substituted_dependencies(session) -> dict[str, set[str]]:
     return out
 
 
-def static_builtin_use(nb, from_scratch, release, substituted=None) -> dict[str, str]:
+def static_builtin_use(nb, from_scratch, release, substituted=None, kernel_only=()) -> dict[str, str]:
     """From-scratch exercises whose code (answer and the learner code it uses) uses or reaches a
     built-in solver, or whose notebook tampers with the grader: exercise -> the reason (read, never run).
 
     release: the chapter's learner notebook as released (which cells are the course's);
-    substituted: exercise -> names its tests replace by the reference (not followed)."""
+    substituted: exercise -> names its tests replace by the reference (not followed); kernel_only:
+    exercises that must also compute in @triton.jit kernels only (``static_kernel_only``)."""
+    kernel_findings = static_kernel_only(nb, kernel_only, release, substituted)
     cells = learner_cells(nb, release)
     program = _Program(cells)
     answers = {c.answer: c.number for c in cells if c.answer}
@@ -1041,4 +1047,126 @@ def static_builtin_use(nb, from_scratch, release, substituted=None) -> dict[str,
             found[name] = msg("`{name}` relies on `{helper}` (cell {cell}), which {what}: this exercise asks you "
                               "to build it from scratch, so it earns no marks", name=name, helper=helper,
                               cell=s.cell.number, what=what)
+    return {**kernel_findings, **found}
+
+
+# ------------------------------------------------------------------ kernel-only exercises (Chapter 10)
+
+# Tensor computing a kernel-only wrapper must leave to its kernels (torch functions and tensor methods).
+TENSOR_COMPUTING = {
+    "softmax", "log_softmax", "exp", "exp2", "expm1", "log", "log2", "log1p", "logsumexp", "matmul", "mm", "bmm",
+    "baddbmm", "addmm", "addbmm", "einsum", "tensordot", "dot", "mv", "outer", "inner", "sum", "nansum", "mean",
+    "prod", "max", "amax", "min", "amin", "maximum", "minimum", "cumsum", "cumprod", "logcumsumexp", "where",
+    "masked_fill", "masked_fill_", "scaled_dot_product_attention", "sigmoid", "tanh", "sqrt", "rsqrt", "pow",
+    "div", "div_", "mul", "mul_", "add_", "sub", "sub_", "true_divide", "reciprocal", "norm",
+    "topk", "argmax", "argmin", "tril", "triu", "gather", "index_select", "clamp", "neg", "square",
+}
+OPERATOR_DUNDERS = {f"__{op}__" for base in ("matmul", "mul", "add", "sub", "truediv", "floordiv", "pow", "neg")
+                    for op in (base, "r" + base, "i" + base)}
+NUMPY_MODULES = {"numpy"}
+KERNEL_MODULES = {"triton", "tl"}   # what a kernel body may call (and the kernels it calls, followed as code)
+
+
+def _is_kernel(node) -> bool:
+    """A ``@triton.jit`` (or ``@jit``, ``@triton.jit(...)``) function."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    for d in node.decorator_list:
+        d = d.func if isinstance(d, ast.Call) else d
+        if (isinstance(d, ast.Attribute) and d.attr == "jit") or (isinstance(d, ast.Name) and d.id == "jit"):
+            return True
+    return False
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _kernel_only_findings(statement_node, aliases) -> list[Finding]:
+    """What one top-level statement computes outside kernels, or calls inside one, that a kernel-only
+    exercise must not: torch or numpy tensor computing in wrappers, anything but triton in kernels."""
+    torch_names = {n for n, m in aliases.items() if m.split(".")[0] == "torch"} | TORCH_MODULES
+    numpy_names = {n for n, m in aliases.items() if m.split(".")[0] in NUMPY_MODULES}
+    found: list[Finding] = []
+
+    def add(text):
+        if text not in [f.text for f in found]:
+            found.append(Finding(text))
+
+    def kernel_body(fn):
+        for node in ast.walk(fn):
+            root = _root(node.func) if isinstance(node, ast.Call) else None
+            if root and (root in torch_names or root in numpy_names):
+                add(msg("calls {code} inside the @triton.jit kernel `{kernel}`: a kernel may use only "
+                        "triton.language (a torch call runs only under the interpreter)",
+                        code=ast.unparse(node.func), kernel=fn.name))
+
+    def wrapper(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n.split(".")[0] in NUMPY_MODULES for n in names):
+                    add(msg("imports numpy in code that must leave its computing to kernels"))
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) or \
+                    isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
+                add(msg("multiplies matrices with @ outside a kernel ({code})", code=ast.unparse(node)[:60]))
+            elif isinstance(node, ast.Attribute) and node.attr in OPERATOR_DUNDERS:
+                add(msg("computes with {code} outside a kernel", code=ast.unparse(node)[:60]))
+            elif isinstance(node, (ast.Attribute, ast.Call)) and _root(node) in numpy_names:
+                add(msg("computes with numpy ({code}) outside a kernel",
+                        code=ast.unparse(node.func if isinstance(node, ast.Call) else node)[:60]))
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else None
+                if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and \
+                        isinstance(node.args[1], ast.Constant) and node.args[1].value in TENSOR_COMPUTING:
+                    name = node.args[1].value
+                elif isinstance(f, ast.Attribute) and _root(f) in ({"math"} | KERNEL_MODULES):
+                    name = None   # math.sqrt(d), triton.cdiv(N, block): numbers, not tensors
+                if name in TENSOR_COMPUTING:
+                    add(msg("computes {code} with torch outside a kernel: a kernel-only exercise computes in its "
+                            "@triton.jit kernels, its wrapper only allocates and launches", code=ast.unparse(f)[:60]))
+
+    def visit(node):
+        if _is_kernel(node):
+            kernel_body(node)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            wrapper(node.decorator_list)
+            for inner in node.body:
+                visit(inner)
+            return
+        wrapper(list(ast.walk(node)))
+
+    visit(statement_node)
+    return found
+
+
+def static_kernel_only(nb, kernel_only, release, substituted=None) -> dict[str, str]:
+    """Kernel-only exercises whose code (the wrapper, its kernels and the learner code they use) computes
+    with torch or numpy outside kernels or calls anything but triton inside one: exercise -> the reason."""
+    if not kernel_only:
+        return {}
+    cells = learner_cells(nb, release)
+    program = _Program(cells)
+    answers = {c.answer: c.number for c in cells if c.answer}
+    cache: dict[int, list[Finding]] = {}
+
+    def findings(s):
+        if id(s) not in cache:
+            cache[id(s)] = _kernel_only_findings(s.node, program.aliases)
+        return cache[id(s)]
+
+    found = {}
+    for name in sorted(kernel_only, key=lambda n: answers.get(n, 0)):
+        reached = program.reach([name], skip=(substituted or {}).get(name, ()),
+                                after={name: answers.get(name, 0)}, findings=findings)
+        if reached is None:
+            continue
+        s, helper, what = reached[0], reached[1], reached[2][0].text
+        where = "" if helper == name else msg(" (through `{helper}`)", helper=helper)
+        found[name] = msg("`{name}` earns no marks: cell {cell}{where} {what}", name=name, cell=s.cell.number,
+                          where=where, what=what)
     return found
