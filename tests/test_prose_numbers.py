@@ -88,6 +88,10 @@ TYPED = {
     ("09_beyond_text", "196 times more"): "arithmetic shown in the answer: 50,176 inputs against 256 latents",
     ("09_beyond_text", "four times the"): "arithmetic: (224/16)^2 = 196 tokens against (224/32)^2 = 49",
     ("10_attention_kernels", "1 minute"): "time estimate for the reader (opening)",
+    ("10_attention_kernels", "3.35 TB"): "a published figure: the H100 SXM's HBM3 bandwidth (NVIDIA's datasheet)",
+    ("10_attention_kernels", "2.0 TB"): "a published figure: the A100 SXM's memory bandwidth (NVIDIA's datasheet)",
+    ("10_attention_kernels", "80 ms"): "a published figure: CS336's leaderboard baseline (issue 51)",
+    ("10_attention_kernels", "5.4 ms"): "a published figure: CS336's leaderboard best entry (issue 51)",
 }
 
 _NUMBER = (r"(?<![\w.{`$])(?:\d[\d,]*(?:\.\d+)?|a|an|one|two|three|four|five|six|seven|eight|nine|ten"
@@ -162,6 +166,11 @@ COINCIDENCES = {
     ("06_efficient_attention", "0.25"): "the Performer scale the text sets; the glued lsh_plain4_90 rounds to it",
     ("04_positional_encoding", "32"): "d_model = 32, which the text sets; the glued rope_until (a measured "
                                       "length) is 32 too",
+    ("10_attention_kernels", "16"): "tile sizes, head widths and block sizes the text sets (16, 32, 64); the "
+                                    "decoding section's glued decode_program_mib, decode_programs and "
+                                    "decode_splits happen to be 16, 32 and 64",
+    ("10_attention_kernels", "32"): "tile sizes and head widths the text sets; the glued decode_programs is 32 too",
+    ("10_attention_kernels", "64"): "tile sizes and head widths the text sets; the glued decode_splits is 64 too",
     ("08_modern_attention", "128"): "sizes the text sets (128 heads, head widths of 128 in published configs); "
                                     "the glued llama_token_kib (KiB per token) is 128 too",
     ("08_modern_attention", "32"): "sizes the text sets (a cache of 32 tokens, the prompt's first 32 tokens); the "
