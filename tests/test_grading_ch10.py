@@ -16,6 +16,8 @@ and autograd before the chapter existed.
 """
 from __future__ import annotations
 
+import pytest
+
 from autograder.chapters import ChapterInfo
 from catalog import Catalog, CatalogTests, common_tampering, others_stubbed, replaced, submitter, tampered
 
@@ -853,39 +855,44 @@ def lose(exercise: str, words: str, *having: str) -> dict:
 
 
 LOSSES = {
-    "softmax_max_not_subtracted": lose("softmax", "maximum", "large"),
-    "softmax_masked_lanes_zero": lose("softmax", "-inf", "values", "strided"),
-    "online_l_not_rescaled": lose("online_softmax_states", "rescale", "values"),
-    "online_m_of_block_only": lose("online_softmax_states", "max"),
-    "forward_masked_scores_zero": lose(FWD, "-inf", "causal", "ragged", "float16"),
-    "forward_lse_without_max": lose(FWD, "maximum"),
-    "forward_lse_in_log2": lose(FWD, "log2"),
-    "forward_causal_strict": lose(FWD, "j <= i", "causal", "ragged", "float16"),
-    "forward_causal_one_tile_short": lose(FWD, "diagonal", "causal", "ragged", "float16"),
-    "forward_diagonal_tile_unmasked": lose(FWD, "diagonal", "causal", "ragged", "float16"),
-    "forward_ragged_keys_counted": lose(FWD, "past N", "ragged"),
-    "forward_ragged_loads_unmasked": lose(FWD, "past N", "ragged"),
-    "forward_scale_twice": lose(FWD, "scale"),
-    "forward_scale_missing": lose(FWD, "scale"),
-    "forward_scale_argument_ignored": lose(FWD, "scale", "values"),
-    "backward_D_from_P_of_one_key_tile": lose(BWD, "D"),
-    "backward_dq_scaled_twice": lose(BWD, "dq"),
+    "softmax_max_not_subtracted": lose("softmax", "subtract the row's maximum", "large"),
+    # the strided test models only rows read as contiguous: the lanes' mistake there is "values differ"
+    "softmax_masked_lanes_zero": {**lose("softmax", "-inf"), "test_softmax_strided_rows": "values differ"},
+    "online_l_not_rescaled": lose("online_softmax_states", "not rescaled"),
+    "online_m_of_block_only": lose("online_softmax_states", "current block only"),
+    # future keys scored 0 is no model's mistake: named where the ragged keys show it (tiles 16 x 32 in values)
+    "forward_masked_scores_zero": {**lose(FWD, "differ from the reference"), **lose(FWD, "-inf", "values", "ragged")},
+    "forward_lse_without_max": lose(FWD, "without the maximum"),
+    "forward_lse_in_log2": lose(FWD, "base 2"),
+    "forward_causal_strict": lose(FWD, "hides the diagonal", "causal", "ragged", "float16"),
+    "forward_causal_one_tile_short": lose(FWD, "one tile early", "causal", "ragged", "float16"),
+    "forward_diagonal_tile_unmasked": lose(FWD, "diagonal tile was not masked", "causal", "ragged", "float16"),
+    "forward_ragged_keys_counted": lose(FWD, "keys past N", "values", "ragged", "float16"),
+    # the spec names the ragged tile read unmasked (here the next head's keys, or past the tensor)
+    "forward_ragged_loads_unmasked": {**lose(FWD, "from the reference", "values", "float16"),
+                                      **lose(FWD, "keys past N", "ragged")},
+    "forward_scale_twice": lose(FWD, "scaled twice"),
+    "forward_scale_missing": lose(FWD, "not scaled"),
+    "forward_scale_argument_ignored": lose(FWD, "scale argument was ignored", "values", "causal"),
+    # D as the sum over one key tile of P * dP: not the model's rowsum of P, so dk is only "wrong"
+    "backward_D_from_P_of_one_key_tile": lose(BWD, "`dk` differs"),
+    "backward_dq_scaled_twice": lose(BWD, "dq was scaled twice"),
     "backward_dk_missing_scale": lose(BWD, "dk"),
     "backward_dk_dv_swapped": lose(BWD, "swapped"),
-    "backward_p_without_lse": lose(BWD, "lse"),
+    "backward_p_without_lse": lose(BWD, "differ from the reference"),
     "backward_atomic_dq_unscaled": lose(BWD, "dq"),
-    "function_three_gradients": lose("flash_attention", "None", "gradients"),
+    "function_three_gradients": lose("flash_attention", "incorrect number of gradients", "gradients"),
     "function_backward_forgets_causal": lose("flash_attention", "causal", "gradients"),
-    "partials_split_floor": lose("flash_decoding_partials", "split"),
-    "partials_lse_without_max": lose("flash_decoding_partials", "maximum"),
-    "combine_average": lose("combine_partials", "average"),
-    "combine_not_shifted": lose("combine_partials", "overflow", "stability"),
-    "paged_logical_as_physical": lose("paged_decoding", "physical"),
-    "paged_table_row_of_sequence_0": lose("paged_decoding", "block_table[b"),
+    "partials_split_floor": lose("flash_decoding_partials", "rounded down"),
+    "partials_lse_without_max": lose("flash_decoding_partials", "lse"),
+    "combine_average": lose("combine_partials", "averaged"),
+    "combine_not_shifted": lose("combine_partials", "overflowed", "stability"),
+    "paged_logical_as_physical": lose("paged_decoding", "logical block j was read as the physical block"),
+    "paged_table_row_of_sequence_0": lose("paged_decoding", "values differ"),
     "paged_div_mod_swapped": lose("paged_decoding", "did not run"),
-    "paged_slots_past_seq_len": lose("paged_decoding", "seq_lens"),
-    "forward_scores_buffer": lose(FWD, "N x N", "memory"),
-    "function_saves_probabilities": lose("flash_attention", "save", "saved", "memory"),
+    "paged_slots_past_seq_len": lose("paged_decoding", "slots past seq_lens[b]"),
+    "forward_scores_buffer": {"test_flash_attention_forward_values": "N x N elements"},
+    "function_saves_probabilities": {"test_flash_attention_saved": "saved"},
 }
 
 # ------------------------------------------------------------------ computing outside the kernels
@@ -1001,5 +1008,38 @@ CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEP
                   kernel_only={k for k in ("paged_div_mod_swapped",) if k in INDEPENDENT})
 
 
+# Cases the grader gets wrong, reported to the grader's author and the lead (drafts/ch10/catalog/NOTES.md):
+# (kind of case, name) -> why. Strict: a case that starts passing fails here until it is taken out.
+STAND_IN = "the stand-in flash_attention_backward raises 'element 0 of tensors does not require grad' (the reference too)"
+KERNEL_ONLY = "no kernel-only rule yet: computing with torch or numpy outside the kernels earns every point"
+NAN_MODEL = "the mistake's model gives NaN or inf where the submission does, and NaN never compares equal: unnamed"
+KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
+    **{("correct", name): STAND_IN for name in CORRECT},
+    **{("mistake", name): STAND_IN for name in ("with_reference:softmax_masked_lanes_zero",
+                                                 "function_three_gradients", "function_backward_forgets_causal",
+                                                 "function_saves_probabilities")},
+    ("mistake", "with_reference:forward_causal_strict"): NAN_MODEL + "; " + STAND_IN,
+    ("mistake", "forward_causal_strict"): NAN_MODEL,
+    ("mistake", "combine_not_shifted"): NAN_MODEL,
+    ("mistake", "forward_ragged_loads_unmasked"): "the ragged tile read unmasked (the next head's keys) is no model: "
+                                                  "'o and lse differ' names nothing",
+    ("mistake", "partials_split_floor"): "the model of L = N // num_splits stretches the last split to N; "
+                                         "splits that all have N // num_splits keys (the last keys dropped) are unnamed",
+    ("mistake", "paged_table_row_of_sequence_0"): "the unused-slots probe's first table row is [0, 1, 4]: reading "
+                                                  "sequence 0's row is named 'the logical block was read as physical'",
+    ("mistake", "forward_scores_buffer"): "a (B, H, N, N) float32 buffer the kernel writes (16 MiB at N = 2,048) "
+                                          "passes the 8 MiB memory rule of test_flash_attention_forward_values",
+    **{("mistake", name): KERNEL_ONLY for name in CHEATS},
+}
+
+
 class TestCatalog(CatalogTests):
     catalog = CATALOG
+
+    @pytest.fixture(autouse=True)
+    def _known_grader_bugs(self, request):
+        for kind in ("correct", "mistake"):
+            if f"{kind}_case" in request.fixturenames:
+                reason = KNOWN_GRADER_BUGS.get((kind, request.getfixturevalue(f"{kind}_case")))
+                if reason:
+                    request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
