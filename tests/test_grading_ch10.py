@@ -1013,6 +1013,8 @@ CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEP
 STAND_IN = "the stand-in flash_attention_backward raises 'element 0 of tensors does not require grad' (the reference too)"
 KERNEL_ONLY = "no kernel-only rule yet: computing with torch or numpy outside the kernels earns every point"
 NAN_MODEL = "the mistake's model gives NaN or inf where the submission does, and NaN never compares equal: unnamed"
+SANDBOX_MEMORY = ("in the sandboxed kernel the reference's backward uses more than test_flash_attention_backward_values' "
+                  "8 MiB at N = 2,048 (32 MiB measured), in process it does not: the two tiers disagree")
 KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
     **{("correct", name): STAND_IN for name in CORRECT},
     **{("mistake", name): STAND_IN for name in ("with_reference:softmax_masked_lanes_zero",
@@ -1030,6 +1032,12 @@ KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
     ("mistake", "forward_scores_buffer"): "a (B, H, N, N) float32 buffer the kernel writes (16 MiB at N = 2,048) "
                                           "passes the 8 MiB memory rule of test_flash_attention_forward_values",
     **{("mistake", name): KERNEL_ONLY for name in CHEATS},
+    # through the real pipeline (measured in a scratch copy, 12:50 UTC): in the sandboxed kernel the
+    # reference's own backward fails test_flash_attention_backward_values' 8 MiB rule ("memory rose by 32 MiB")
+    ("tamper", "torch_after_stubs"): KERNEL_ONLY,
+    ("disguised", "patched_comparisons"): SANDBOX_MEMORY,
+    ("sample", "correct:reference"): SANDBOX_MEMORY,
+    ("sample", "mistake:with_reference:softmax_masked_lanes_zero"): SANDBOX_MEMORY,
 }
 
 
@@ -1038,7 +1046,7 @@ class TestCatalog(CatalogTests):
 
     @pytest.fixture(autouse=True)
     def _known_grader_bugs(self, request):
-        for kind in ("correct", "mistake"):
+        for kind in ("correct", "mistake", "tamper", "disguised", "sample"):
             if f"{kind}_case" in request.fixturenames:
                 reason = KNOWN_GRADER_BUGS.get((kind, request.getfixturevalue(f"{kind}_case")))
                 if reason:
