@@ -882,7 +882,7 @@ LOSSES = {
     "backward_p_without_lse": lose(BWD, "differ from the reference"),
     "backward_atomic_dq_unscaled": lose(BWD, "dq"),
     "function_three_gradients": lose("flash_attention", "incorrect number of gradients", "gradients"),
-    "function_backward_forgets_causal": lose("flash_attention", "causal", "gradients"),
+    "function_backward_forgets_causal": lose("flash_attention", "differs from the reference", "gradients"),
     "partials_split_floor": lose("flash_decoding_partials", "rounded down"),
     "partials_lse_without_max": lose("flash_decoding_partials", "lse"),
     "combine_average": lose("combine_partials", "averaged"),
@@ -892,7 +892,8 @@ LOSSES = {
     "paged_div_mod_swapped": lose("paged_decoding", "did not run"),
     "paged_slots_past_seq_len": lose("paged_decoding", "slots past seq_lens[b]"),
     "forward_scores_buffer": {"test_flash_attention_forward_values": "N x N elements"},
-    "function_saves_probabilities": {"test_flash_attention_saved": "saved"},
+    # P computed with torch in forward: the kernel-only rule takes the exercise before the saved sizes count
+    "function_saves_probabilities": lose("flash_attention", "outside a kernel"),
 }
 
 # ------------------------------------------------------------------ computing outside the kernels
@@ -1010,17 +1011,11 @@ CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEP
 
 # Cases the grader gets wrong, reported to the grader's author and the lead (drafts/ch10/catalog/NOTES.md):
 # (kind of case, name) -> why. Strict: a case that starts passing fails here until it is taken out.
-STAND_IN = "the stand-in flash_attention_backward raises 'element 0 of tensors does not require grad' (the reference too)"
-KERNEL_ONLY = "no kernel-only rule yet: computing with torch or numpy outside the kernels earns every point"
 NAN_MODEL = "the mistake's model gives NaN or inf where the submission does, and NaN never compares equal: unnamed"
 SANDBOX_MEMORY = ("in the sandboxed kernel the reference's backward uses more than test_flash_attention_backward_values' "
                   "8 MiB at N = 2,048 (32 MiB measured), in process it does not: the two tiers disagree")
 KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
-    **{("correct", name): STAND_IN for name in CORRECT},
-    **{("mistake", name): STAND_IN for name in ("with_reference:softmax_masked_lanes_zero",
-                                                 "function_three_gradients", "function_backward_forgets_causal",
-                                                 "function_saves_probabilities")},
-    ("mistake", "with_reference:forward_causal_strict"): NAN_MODEL + "; " + STAND_IN,
+    ("mistake", "with_reference:forward_causal_strict"): NAN_MODEL,
     ("mistake", "forward_causal_strict"): NAN_MODEL,
     ("mistake", "combine_not_shifted"): NAN_MODEL,
     ("mistake", "forward_ragged_loads_unmasked"): "the ragged tile read unmasked (the next head's keys) is no model: "
@@ -1031,10 +1026,8 @@ KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
                                                   "sequence 0's row is named 'the logical block was read as physical'",
     ("mistake", "forward_scores_buffer"): "a (B, H, N, N) float32 buffer the kernel writes (16 MiB at N = 2,048) "
                                           "passes the 8 MiB memory rule of test_flash_attention_forward_values",
-    **{("mistake", name): KERNEL_ONLY for name in CHEATS},
     # through the real pipeline (measured in a scratch copy, 12:50 UTC): in the sandboxed kernel the
     # reference's own backward fails test_flash_attention_backward_values' 8 MiB rule ("memory rose by 32 MiB")
-    ("tamper", "torch_after_stubs"): KERNEL_ONLY,
     ("disguised", "patched_comparisons"): SANDBOX_MEMORY,
     ("sample", "correct:reference"): SANDBOX_MEMORY,
     ("sample", "mistake:with_reference:softmax_masked_lanes_zero"): SANDBOX_MEMORY,
