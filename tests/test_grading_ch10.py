@@ -26,7 +26,7 @@ INFO = ChapterInfo(CHAPTER)
 ALL_TESTS = list(INFO.tests)
 
 
-def tests_of(exercise: str, *having: str) -> list[str]:
+def exercise_tests(exercise: str, *having: str) -> list[str]:
     """The tests of EXERCISE (those whose id contains one of ``having``, if given)."""
     return [t for t in ALL_TESTS if INFO.exercise_of(t) == exercise and (not having or any(h in t for h in having))]
 
@@ -851,7 +851,7 @@ BWD = "flash_attention_backward"
 
 
 def lose(exercise: str, words: str, *having: str) -> dict:
-    return {t: words for t in tests_of(exercise, *having)}
+    return {t: words for t in exercise_tests(exercise, *having)}
 
 
 LOSSES = {
