@@ -1029,8 +1029,6 @@ KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
     # through the real pipeline (measured in a scratch copy, 12:50 UTC): in the sandboxed kernel the
     # reference's own backward fails test_flash_attention_backward_values' 8 MiB rule ("memory rose by 32 MiB")
     ("disguised", "patched_comparisons"): SANDBOX_MEMORY,
-    ("sample", "correct:reference"): SANDBOX_MEMORY,
-    ("sample", "mistake:with_reference:softmax_masked_lanes_zero"): SANDBOX_MEMORY,
 }
 
 
