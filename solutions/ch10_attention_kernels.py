@@ -18,6 +18,12 @@ import triton.language as tl
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def softmax_of_columns(x, start, stop):
+    """Given, for the grader: softmax of the column slice x[:, start:stop], a view whose rows are
+    x.stride(0) elements apart (a test's inputs reach your kernel contiguous otherwise)."""
+    return softmax(x[:, start:stop])
+
+
 def naive_attention(q, k, v, causal=False, scale=None):
     """softmax(scale q k^T) v and the scores' logsumexp, in float32, with the (N, N) scores materialised."""
     N, d = q.shape[-2], q.shape[-1]
@@ -34,6 +40,13 @@ def naive_attention_gradients(q, k, v, do, causal=False, scale=None):
     o, lse = naive_attention(q, k, v, causal=causal, scale=scale)
     o.backward(do.float())
     return o.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def saved_numels(q, k, v, causal=False, scale=None):
+    """Given, for the grader: the sizes (numel) of the tensors flash_attention saves for its backward, sorted."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o = flash_attention(q, k, v, causal, scale)
+    return torch.tensor(sorted(t.numel() for t in o.grad_fn.saved_tensors))
 
 
 @triton.jit
@@ -288,4 +301,161 @@ def flash_attention(q, k, v, causal=False, scale=None):
     return FlashAttention.apply(q, k, v, causal, scale)
 
 
-EXPORTS_SOURCE = 'import math\nimport os\n\nimport torch\n\nif not torch.cuda.is_available():  # no GPU: Triton\'s interpreter runs the kernels on the CPU, with numpy\n    os.environ.setdefault("TRITON_INTERPRET", "1")\nimport triton\nimport triton.language as tl\n\nDEVICE = "cuda" if torch.cuda.is_available() else "cpu"\ndef naive_attention(q, k, v, causal=False, scale=None):\n    """softmax(scale q k^T) v and the scores\' logsumexp, in float32, with the (N, N) scores materialised."""\n    N, d = q.shape[-2], q.shape[-1]\n    scale = 1.0 / math.sqrt(d) if scale is None else scale\n    s = (q.float() @ k.float().transpose(-1, -2)) * scale                  # (B, H, N, N)\n    if causal:\n        s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1), float("-inf"))\n    return torch.softmax(s, -1) @ v.float(), torch.logsumexp(s, -1)\ndef naive_attention_gradients(q, k, v, do, causal=False, scale=None):\n    """(o, lse, dq, dk, dv) of naive attention in float32: the forward\'s results and autograd\'s gradients."""\n    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))\n    o, lse = naive_attention(q, k, v, causal=causal, scale=scale)\n    o.backward(do.float())\n    return o.detach(), lse.detach(), q.grad, k.grad, v.grad'
+@triton.jit
+def decode_partials_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, n_keys, split_len, scale,
+                           D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program (split, bh) of a (num_splits, B * H) grid: head bh's keys from split * split_len to the split's
+    # end (n_keys at most); it writes row bh * num_splits + split of o_part and of lse_part. A suggested
+    # signature: change it as you like, with the launch in the wrapper.
+    split, bh = tl.program_id(0), tl.program_id(1)
+    num_splits = tl.num_programs(0)
+    cols = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * D + cols)                                     # (D,)
+    start = split * split_len
+    end = tl.minimum(start + split_len, n_keys)                            # this split's keys: [start, end)
+    m = tl.full((), float("-inf"), tl.float32)                             # running maximum
+    l = tl.zeros((), tl.float32)                                           # running sum
+    acc = tl.zeros((D,), tl.float32)                                       # running output
+    for t0 in range(start, end, BLOCK_N):
+        rows = t0 + tl.arange(0, BLOCK_N)
+        inside = rows < end                                                # the split's end, not N
+        offsets = (bh * n_keys + rows)[:, None] * D + cols[None, :]
+        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0)     # (BLOCK_N, D)
+        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0)
+        s = tl.sum(k * q[None, :], axis=1) * scale                        # (BLOCK_N,) one query: no tl.dot
+        s = tl.where(inside, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)                                          # rescales the old sums
+        p = tl.exp(s - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    row = bh * num_splits + split
+    # An empty split (start >= end) leaves l = 0: it writes o = 0 and lse = -inf, which the
+    # combine then weights by exp(-inf) = 0.
+    tl.store(o_part_ptr + row * D + cols, acc / tl.where(l > 0, l, 1.0))
+    tl.store(lse_part_ptr + row, m + tl.log(l))
+
+
+def flash_decoding_partials(q, k, v, num_splits, scale=None, block_n=16):
+    """Flash-decoding's first kernel: attention of one query per head over each split of the keys.
+
+    Args:
+        q: (B, H, d) float32, the step's query of each (batch, head); d is 16, 32, 64 or 128.
+        k, v: (B, H, N, d) float32, the cached keys and values.
+        num_splits: S >= 1; split s covers keys [s * L, min((s + 1) * L, N)), L = ceil(N / S).
+        scale: the scores are scale * q . k_j; None means 1 / sqrt(d).
+        block_n: keys per tile inside a split, a power of two >= 16; never changes the result.
+
+    Returns (o_part (B, H, S, d), lse_part (B, H, S)), both float32: for each split, the
+    softmax-weighted values over its own keys and the logsumexp of its scores. One program
+    per (split, batch x head), launched by this wrapper, which only allocates and launches.
+    """
+    B, H, N, d = k.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+    grid = (num_splits, B * H)
+    decode_partials_kernel[grid](q, k, v, o_part, lse_part, N, triton.cdiv(N, num_splits), scale,
+                                 D=d, BLOCK_N=block_n)
+    return o_part, lse_part
+
+
+@triton.jit
+def combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, num_splits,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # Program bh of a (B * H,) grid: the num_splits partial results of head bh, in one block of BLOCK_S lanes
+    # (a power of two >= num_splits). A suggested signature: change it as you like, with the launch.
+    bh = tl.program_id(0)
+    splits = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, D)
+    present = splits < num_splits
+    rows = bh * num_splits + splits
+    lse_s = tl.load(lse_part_ptr + rows, mask=present, other=float("-inf"))           # (BLOCK_S,)
+    m = tl.max(lse_s, axis=0)                                                          # keeps exp in range
+    lse = m + tl.log(tl.sum(tl.exp(lse_s - m), axis=0))
+    weight = tl.exp(lse_s - lse)                                                       # each split's share
+    o_s = tl.load(o_part_ptr + rows[:, None] * D + cols[None, :], mask=present[:, None], other=0.0)
+    tl.store(o_ptr + bh * D + cols, tl.sum(weight[:, None] * o_s, axis=0))
+    tl.store(lse_ptr + bh, lse)
+
+
+def combine_partials(o_part, lse_part):
+    """Flash-decoding's second kernel: the attention over all keys from the splits' partial results.
+
+    Args:
+        o_part: (B, H, S, d) float32, each split's output (from flash_decoding_partials).
+        lse_part: (B, H, S) float32, each split's logsumexp.
+
+    Returns (o (B, H, d), lse (B, H)), float32: lse = log sum_s exp(lse_part_s) and
+    o = sum_s exp(lse_part_s - lse) o_part_s, computed without overflow for any finite
+    lse_part. One program per (batch, head), launched by this wrapper.
+    """
+    B, H, S, d = o_part.shape
+    o_part, lse_part = o_part.contiguous(), lse_part.contiguous()
+    o = torch.empty(B, H, d, dtype=torch.float32, device=o_part.device)
+    lse = torch.empty(B, H, dtype=torch.float32, device=o_part.device)
+    combine_kernel[(B * H,)](o_part, lse_part, o, lse, S, D=d, BLOCK_S=triton.next_power_of_2(S))
+    return o, lse
+
+
+@triton.jit
+def paged_decoding_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, scale,
+                          stride_table, stride_block, stride_head, stride_slot,
+                          H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Program (b, h) of a (B, H) grid: sequence b's blocks, read through row b of the block table, for head h.
+    # A suggested signature: change it as you like, with the launch in the wrapper.
+    b, h = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, D)
+    slots = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + (b * H + h) * D + cols).to(tl.float32)            # (D,)
+    seq_len = tl.load(lens_ptr + b)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):                       # this sequence's blocks only
+        block = tl.load(table_ptr + b * stride_table + j).to(tl.int64)     # the physical block
+        inside = j * BLOCK_SIZE + slots < seq_len                         # slots after the last token: masked
+        offsets = block * stride_block + h * stride_head + slots[:, None] * stride_slot + cols[None, :]
+        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)   # (BLOCK_SIZE, D)
+        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+        s = tl.where(inside, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(o_ptr + (b * H + h) * D + cols, (acc / l).to(o_ptr.dtype.element_ty))
+
+
+def paged_decoding(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+    """One decoding step per sequence, keys and values read through the block table inside the kernel.
+
+    Args:
+        q: (B, H, d), the newest query of each sequence (float32 or float16; d is 16 to 128).
+        k_cache, v_cache: (num_blocks, H, block_size, d) float32, the pool of blocks (Chapter 8's
+            layout); block_size is a power of two.
+        block_table: (B, max_blocks) int32 or int64; token t < seq_lens[b] of sequence b sits in
+            physical block block_table[b, t // block_size] at slot t % block_size. Entries after
+            a sequence's last block are padding and must not be read.
+        seq_lens: (B,) int32 or int64, each >= 1.
+        scale: the scores are scale * q . k_t; None means 1 / sqrt(d).
+
+    Returns (B, H, d) in q's dtype: for each b and h, softmax attention of q[b, h] over the
+    seq_lens[b] cached keys and values of sequence b. One program per (sequence, head).
+    """
+    B, H, d = q.shape
+    block_size = k_cache.size(2)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
+    o = torch.empty_like(q)
+    paged_decoding_kernel[(B, H)](q, k_cache, v_cache, block_table, seq_lens, o, scale,
+                                  block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                   H=H, D=d, BLOCK_SIZE=block_size)
+    return o
+
+
+EXPORTS_SOURCE = 'import math\nimport os\n\nimport torch\n\nif not torch.cuda.is_available():  # no GPU: Triton\'s interpreter runs the kernels on the CPU, with numpy\n    os.environ.setdefault("TRITON_INTERPRET", "1")\nimport triton\nimport triton.language as tl\n\nDEVICE = "cuda" if torch.cuda.is_available() else "cpu"\ndef softmax_of_columns(x, start, stop):\n    """Given, for the grader: softmax of the column slice x[:, start:stop], a view whose rows are\n    x.stride(0) elements apart (a test\'s inputs reach your kernel contiguous otherwise)."""\n    return softmax(x[:, start:stop])\ndef naive_attention(q, k, v, causal=False, scale=None):\n    """softmax(scale q k^T) v and the scores\' logsumexp, in float32, with the (N, N) scores materialised."""\n    N, d = q.shape[-2], q.shape[-1]\n    scale = 1.0 / math.sqrt(d) if scale is None else scale\n    s = (q.float() @ k.float().transpose(-1, -2)) * scale                  # (B, H, N, N)\n    if causal:\n        s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1), float("-inf"))\n    return torch.softmax(s, -1) @ v.float(), torch.logsumexp(s, -1)\ndef naive_attention_gradients(q, k, v, do, causal=False, scale=None):\n    """(o, lse, dq, dk, dv) of naive attention in float32: the forward\'s results and autograd\'s gradients."""\n    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))\n    o, lse = naive_attention(q, k, v, causal=causal, scale=scale)\n    o.backward(do.float())\n    return o.detach(), lse.detach(), q.grad, k.grad, v.grad\ndef saved_numels(q, k, v, causal=False, scale=None):\n    """Given, for the grader: the sizes (numel) of the tensors flash_attention saves for its backward, sorted."""\n    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))\n    o = flash_attention(q, k, v, causal, scale)\n    return torch.tensor(sorted(t.numel() for t in o.grad_fn.saved_tensors))'

@@ -26,6 +26,11 @@ os.environ.setdefault("ATTN_GRADER_CELL_TIMEOUT", "15")
 # attention at N = 8192), alone or beside other work: processor time does not grow with load.
 os.environ.setdefault("ATTN_GRADER_CALL_TIMEOUT", "4")
 
+# Triton reads TRITON_INTERPRET once, when it is first imported: whichever test module imports it first
+# (a chapter's solutions, the mutation benchmark, the kernel-only checks) must find it set, or the
+# kernels it compiles later call triton.language's own functions outside the interpreter.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from run_once import once, run_folder  # noqa: E402
 from support import DEFAULT_MODULE_SECONDS, ROOT, grade_notebooks, judge_notebooks, shut_grading_pool  # noqa: E402
 
