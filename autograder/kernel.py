@@ -50,6 +50,7 @@ def kernel_environment(exchange: Exchange, sandboxed: bool, scratch: Path, priva
         "MPLBACKEND": "Agg",
         "MPLCONFIGDIR": f"{tmp}/matplotlib",
         "OMP_NUM_THREADS": "1",
+        "MALLOC_MMAP_THRESHOLD_": str(peak_memory.MMAP_THRESHOLD),  # large tensors show in the memory rules
         "ATTN_GRADER_CASES": cases,
         "ATTN_GRADER_RESULTS": results,
         "ATTN_GRADER_RULES": json.dumps(rules),

@@ -5,7 +5,23 @@ kernel manager's fallback, on the kernel's processes) and in process (``ThisProc
 """
 from __future__ import annotations
 
+import ctypes
 import os
+
+# glibc's malloc serves a block above this size from its own mmap and returns it to the system when it is
+# freed. Without a fixed threshold glibc raises it after each such free, and a later tensor of that size
+# reuses freed pages already resident: its memory would never show in a peak (a kernel's N x N buffer
+# measured 0 MiB after earlier tests freed as much). The kernel gets it as MALLOC_MMAP_THRESHOLD_.
+MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from malloc.h
+
+
+def fix_mmap_threshold() -> None:
+    """Give this process the kernel's fixed threshold (glibc only; elsewhere nothing changes)."""
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
 
 
 def reset(pids) -> int:
@@ -44,6 +60,7 @@ class ThisProcess:
 
     def __init__(self):
         self._before: int | None = None
+        fix_mmap_threshold()
 
     def reset_peak_memory(self) -> None:
         self._before = reset([os.getpid()])

@@ -1070,9 +1070,31 @@ def _(t):
                label="causal, scale=0.7", **FORWARD)
 
 
+def _ragged_keys_read_unmasked(probe, value):
+    """Hint: the outputs of every head but the last are attention over its N keys and the next head's first
+    keys up to the end of the last tile, as unmasked loads of contiguous q, k, v read them (the last head's
+    tile runs past the tensor, into memory nobody can model)."""
+    q, k, v = probe.args[:3]
+    B, H, N, d = q.shape
+    block_n = probe.kwargs.get("block_n", 16)
+    end = -(-N // block_n) * block_n
+    if probe.kwargs.get("causal") or end == N or B * H < 2 or not isinstance(value, (tuple, list)):
+        return None
+    k_rows, v_rows = k.reshape(B * H * N, d).float(), v.reshape(B * H * N, d).float()   # (B*H*N, d)
+    o = value[0].reshape(B * H, N, d)
+    for z in range(B * H - 1):
+        keys, values = k_rows[z * N:z * N + end], v_rows[z * N:z * N + end]            # (end, d): past N too
+        s = q.reshape(B * H, N, d)[z].float() @ keys.T * _scale(d, probe.kwargs.get("scale"))
+        if not close(o[z].float(), torch.softmax(s, -1) @ values):
+            return None
+    return ("the keys past N in the last tile were read unmasked (here the next head's keys): mask the loads of "
+            "k and v and the scores at cols >= N")
+
+
 @hidden.test("test_flash_attention_forward_ragged")
 def _(t):
-    t.function("flash_attention_forward", *_qkv(t, 1, 2, 37, 32), label="N = 37", **FORWARD)
+    t.function("flash_attention_forward", *_qkv(t, 1, 2, 37, 32), label="N = 37",
+               checks=[_ragged_keys_read_unmasked], **FORWARD)
     t.function("flash_attention_forward", *_qkv(t, 1, 1, 37, 16), causal=True, label="N = 37, causal", **FORWARD)
     t.function("flash_attention_forward", *_qkv(t, 2, 1, 5, 16), label="N = 5, smaller than a tile", **FORWARD)
     t.function("flash_attention_forward", *_qkv(t, 1, 1, 1, 16), causal=True, label="N = 1", **FORWARD)
@@ -1932,10 +1954,12 @@ def _overlapping_bounds(block_n):
 
 
 def _partials_mistakes(block_n):
-    return [
-        Mistake("the splits have N // num_splits keys, rounded down: L = ceil(N / num_splits), the last split "
-                "shorter", _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S) if s < S - 1 else N)
-                                                        for s in range(S)])),
+    rounded_down = ("the splits have N // num_splits keys, rounded down: L = ceil(N / num_splits), the last split "
+                    "shorter")
+    return [  # L = N // num_splits: the last split stretched to N, or the last N % num_splits keys never read
+        Mistake(rounded_down, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S) if s < S - 1 else N)
+                                                           for s in range(S)])),
+        Mistake(rounded_down, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S)) for s in range(S)])),
         Mistake("a split's last tile runs past the split's end: mask keys at or after min((s + 1) * L, N), so that "
                 "no key is counted by two splits", _partials_with(_overlapping_bounds(block_n))),
         Mistake("the scores were not scaled: they are scale * q . k, scale = 1 / sqrt(d) by default",
@@ -2112,8 +2136,9 @@ def _(t):
 def _(t):
     P = dict(mistakes=COMBINE_MISTAKES, returns=("o", "lse"))
     o = t.randn(1, 2, 3, 16)
-    t.function("combine_partials", o, torch.tensor([[[100.0, 98.0, 101.0], [-100.0, -103.0, -99.0]]]),
-               label="logsumexps of +-100", **P)
+    # -60, not -100: exp(-100) is a subnormal float32, where any two orders of the unshifted sum disagree
+    t.function("combine_partials", o, torch.tensor([[[100.0, 98.0, 101.0], [-60.0, -63.0, -59.0]]]),
+               label="logsumexps of 100 and -60", **P)
     t.function("combine_partials", t.randn(2, 1, 4, 16), 200 + t.randn(2, 1, 4) * 5, label="logsumexps near 200",
                **P)
 
@@ -2446,7 +2471,8 @@ def _(t):
     q = t.randn(2, 1, 16)
     k[1, 0, 3:], v[1, 0, 3:] = 50 * q[0, 0], 1e4
     k[4, 0], v[4, 0] = 50 * q[1, 0], 1e4
-    t.function("paged_decoding", q, k, v, torch.tensor([[0, 1, 4], [2, 5, 4]]), torch.tensor([11, 16]),
+    # sequence 0's row is not [0, 1, ...]: reading it for every sequence differs from reading j as block j
+    t.function("paged_decoding", q, k, v, torch.tensor([[3, 1, 4], [2, 5, 4]]), torch.tensor([11, 16]),
                label="stale slots past seq_lens and a padding block of 1e4", **P)
     k, v = _pool(t, 5, 2, 4, 16)
     v[2] = 1e4

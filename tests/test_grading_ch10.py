@@ -1009,27 +1009,9 @@ CATALOG = Catalog(CHAPTER, correct=CORRECT, mistakes=MISTAKES, independent=INDEP
                   kernel_only={k for k in ("paged_div_mod_swapped",) if k in INDEPENDENT})
 
 
-# Cases the grader gets wrong, reported to the grader's author and the lead (drafts/ch10/catalog/NOTES.md):
-# (kind of case, name) -> why. Strict: a case that starts passing fails here until it is taken out.
-NAN_MODEL = "the mistake's model gives NaN or inf where the submission does, and NaN never compares equal: unnamed"
-SANDBOX_MEMORY = ("in the sandboxed kernel the reference's backward uses more than test_flash_attention_backward_values' "
-                  "8 MiB at N = 2,048 (32 MiB measured), in process it does not: the two tiers disagree")
-KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {
-    ("mistake", "with_reference:forward_causal_strict"): NAN_MODEL,
-    ("mistake", "forward_causal_strict"): NAN_MODEL,
-    ("mistake", "combine_not_shifted"): NAN_MODEL,
-    ("mistake", "forward_ragged_loads_unmasked"): "the ragged tile read unmasked (the next head's keys) is no model: "
-                                                  "'o and lse differ' names nothing",
-    ("mistake", "partials_split_floor"): "the model of L = N // num_splits stretches the last split to N; "
-                                         "splits that all have N // num_splits keys (the last keys dropped) are unnamed",
-    ("mistake", "paged_table_row_of_sequence_0"): "the unused-slots probe's first table row is [0, 1, 4]: reading "
-                                                  "sequence 0's row is named 'the logical block was read as physical'",
-    ("mistake", "forward_scores_buffer"): "a (B, H, N, N) float32 buffer the kernel writes (16 MiB at N = 2,048) "
-                                          "passes the 8 MiB memory rule of test_flash_attention_forward_values",
-    # through the real pipeline (measured in a scratch copy, 12:50 UTC): in the sandboxed kernel the
-    # reference's own backward fails test_flash_attention_backward_values' 8 MiB rule ("memory rose by 32 MiB")
-    ("disguised", "patched_comparisons"): SANDBOX_MEMORY,
-}
+# Cases the grader gets wrong: (kind of case, name) -> why. Strict: a case that starts passing fails here
+# until it is taken out. None today (drafts/ch10/catalog/NOTES.md has the ones fixed and how).
+KNOWN_GRADER_BUGS: dict[tuple[str, str], str] = {}
 
 
 class TestCatalog(CatalogTests):

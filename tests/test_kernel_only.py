@@ -161,3 +161,15 @@ def test_kernel_only_exercises_are_from_scratch_ones_too(release):
     nb = submission({"softmax": KERNEL + CHEATS["torch.softmax"][0]}, chapter=CHAPTER)
     found = static_builtin_use(nb, hidden.from_scratch, release, {}, kernel_only=hidden.kernel_only)
     assert "torch.softmax" in found["softmax"]
+
+
+def test_importing_numpy_beside_torch_costs_nothing(release):
+    """``import torch, numpy`` before the exercises gives their wrappers ``torch``; numpy counts only where
+    code computes with it (np.*, or a name imported from numpy)."""
+    from coursekit.sample_submissions import insert_after_imports
+    nb = submission({}, chapter=CHAPTER)
+    insert_after_imports(nb, ["import torch, numpy\nimport numpy as np\n"])
+    assert static_kernel_only(nb, EXERCISES, release, SUBSTITUTED) == {}
+    nb = submission({"softmax": "from numpy import exp\n" + KERNEL + CORRECT["empty and shape"].replace(
+        "    return y\n", "    return exp(y)\n")}, chapter=CHAPTER)
+    assert "numpy" in static_kernel_only(nb, EXERCISES, release, SUBSTITUTED)["softmax"]

@@ -41,6 +41,22 @@ def close(a, b, strict=False):
     return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
 
 
+def nonfinite_set_aside(student, model):
+    """(student, model) with 0 wherever both are NaN or infinite, for naming a mistake: a mistake that makes
+    a row empty (all its scores -inf) gives NaN or inf there, which of them depends on how the code divides
+    (0/0, inf/inf, log 0), and the rest of the row still says which mistake it is."""
+    if isinstance(model, tuple) and isinstance(student, (tuple, list)) and len(student) == len(model):
+        pairs = [nonfinite_set_aside(s, m) for s, m in zip(student, model)]
+        return tuple(s for s, _ in pairs), tuple(m for _, m in pairs)
+    if not (isinstance(student, torch.Tensor) and isinstance(model, torch.Tensor)) \
+            or student.shape != model.shape or not model.is_floating_point() or not student.is_floating_point():
+        return student, model
+    both = ~torch.isfinite(student) & ~torch.isfinite(model)
+    if not both.any():
+        return student, model
+    return torch.where(both, 0, student), torch.where(both, 0, model)
+
+
 def describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return msg("a {dtype} tensor of shape {shape}", dtype=str(value.dtype).replace("torch.", ""),

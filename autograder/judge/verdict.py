@@ -16,7 +16,7 @@ import torch
 from ..messages import from_tests, msg
 from ..sandboxed.wire import ModelArg, ModuleState
 from . import reference as R
-from .compare import matches, structure_problem, values_match, which_output_differs, close
+from .compare import close, matches, nonfinite_set_aside, structure_problem, values_match, which_output_differs
 from .hints import hints
 from .outcome import Verdict
 
@@ -218,7 +218,8 @@ def _matching_mistake(probe, student, expected) -> str | None:
             wrong = R.mistake_result(probe, index)
         except Exception:  # noqa: BLE001 - a mistake model that does not apply
             continue
-        if matches(probe, student, R.as_tuple(wrong) if isinstance(expected, tuple) else wrong):
+        wrong = R.as_tuple(wrong) if isinstance(expected, tuple) else wrong
+        if matches(probe, *nonfinite_set_aside(student, wrong)):
             return from_tests(mistake.message)
     return None
 
