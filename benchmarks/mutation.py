@@ -80,7 +80,13 @@ CHAPTERS = chapter_names()
 GIVEN_METHODS = {"__init__"}  # given complete in the stubs: not answer code
 
 # Survivors that only change what the spec leaves ungraded: (exercise, mutation) -> why.
-KNOWN_SURVIVORS: dict[tuple[str, str], str] = {}
+KNOWN_SURVIVORS: dict[tuple[str, str], str] = {
+    ("flash_attention_backward", "flash_attention_backward: `block_m` -> `o.shape[-1]` in "
+                                 "`flash_backward_dkdv_kernel[triton.cdiv(N, block_n), B * H](q, k, v,...` (line 18)"):
+        "the query tile the dK/dV kernel loops over is a tuning choice: every tiling gives the same gradients "
+        "(it passes every probe); only re-drawn o and lse, no longer those of q and k, make exp(s - lse) large "
+        "enough for the order of the sums to show",
+}
 
 
 # ----------------------------------------------------------------------------- mutator

@@ -1511,7 +1511,7 @@ def _backward_probe(t, shape, causal=False, scale=None, dtype=torch.float32, **k
 @hidden.test("test_flash_attention_backward_values")
 def _(t):
     _backward_probe(t, (1, 2, 32, 16), label="(1, 2, 32, 16)")
-    _backward_probe(t, (1, 1, 48, 32), block_m=32, block_n=16, label="tiles 32 x 16")
+    _backward_probe(t, (1, 1, 48, 16), block_m=32, block_n=16, label="tiles 32 x 16")   # block_m is not d
     _backward_probe(t, (2, 1, 32, 16), block_m=16, block_n=32, scale=0.25, label="tiles 16 x 32, scale=0.25")
     _backward_probe(t, (1, 1, 32, 16), dtype=torch.float16, equivalent=within(2e-2, 2e-2), label="float16")
 
@@ -2206,7 +2206,7 @@ for shape in [(1, 2, 100, 16, 1, 16), (1, 2, 100, 16, 7, 16), (2, 4, 257, 64, 8,
     length = triton.cdiv(n, splits)                             # tile steps: every program's tiles, all programs
     steps = batch * heads * sum(triton.cdiv(min(length, n - a), block_n) for a in range(0, n, length))
     print(f"B={batch} H={heads} N={n:5d} d={d:3d} splits={splits:2d} block_n={block_n:2d}: "
-          f"max error {decode_errors[shape]:.1e}  ({seconds:.2f} s for {steps} tile steps, {DEVICE})")
+          f"max error {decode_errors[shape]:.1e}  ({seconds:.2f} s for {steps} tile steps, {DEVICE.upper()})")
 glue("decode_max_error", f"{max(decode_errors.values()):.0e}", display=False)
 glue("decode_seconds", f"{seconds:.2f}", display=False)           # the last shape: N = 4,096 in 32 splits
 glue("decode_ms_per_step", f"{1000 * seconds / steps:.0f}", display=False)
@@ -2532,7 +2532,7 @@ for block_size, heads, d in [(16, 4, 64), (32, 2, 128), (8, 2, 32)]:
     paged_errors[block_size], paged_vs_flash[block_size] = max(errors), max(gaps)
     print(f"block_size={block_size:2d} H={heads} d={d:3d}: {len(pool_lens) * heads:2d} programs, "
           f"max |paged - torch float64| = {max(errors):.1e}, max |paged - flash-decoding| = {max(gaps):.1e} "
-          f"({seconds:.2f} s, {DEVICE})")
+          f"({seconds:.2f} s, {DEVICE.upper()})")
 for b, n in enumerate(pool_lens[:3]):
     print(f"  sequence {b} ({n:3d} tokens) in blocks of {block_size}: {table[b, :triton.cdiv(n, block_size)].tolist()}")
 glue("paged_max_error", f"{max(paged_errors.values()):.0e}", display=False)

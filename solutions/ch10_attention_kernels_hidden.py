@@ -514,7 +514,7 @@ def _backward_probe(t, shape, causal=False, scale=None, dtype=torch.float32, **k
 @hidden.test("test_flash_attention_backward_values")
 def _(t):
     _backward_probe(t, (1, 2, 32, 16), label="(1, 2, 32, 16)")
-    _backward_probe(t, (1, 1, 48, 32), block_m=32, block_n=16, label="tiles 32 x 16")
+    _backward_probe(t, (1, 1, 48, 16), block_m=32, block_n=16, label="tiles 32 x 16")   # block_m is not d
     _backward_probe(t, (2, 1, 32, 16), block_m=16, block_n=32, scale=0.25, label="tiles 16 x 32, scale=0.25")
     _backward_probe(t, (1, 1, 32, 16), dtype=torch.float16, equivalent=within(2e-2, 2e-2), label="float16")
 

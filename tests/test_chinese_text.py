@@ -113,6 +113,7 @@ def _identifiers(chapter: str) -> set[str]:
 
 def _english_words(text: str, allowed: set[str]) -> list[str]:
     """English words of TEXT that a Chinese reader would have to read as English prose."""
+    text = re.sub(r"^(`{3,}|~{3,})[^\n]*\n.*?^\1[ \t]*$", " ", text, flags=re.M | re.S)  # fenced code (a hint's)
     for pattern in _NOT_PROSE:
         text = pattern.sub(" ", text)
     text = re.sub(r"\{[^{}]*\}", " ", text)                        # f-string fields, roles

@@ -41,3 +41,14 @@ def test_a_sample_of_chapter2_mutants_runs_and_the_reference_survives():
     assert len(report.killed) + len(report.survivors) == 15
     assert not report.gaps, report.gaps
     assert report.kill_rate >= 0.95
+
+
+def test_a_sample_of_chapter10_kernel_mutants_is_killed_in_forked_children():
+    """Chapter 10's mutants are mutated @triton.jit kernels and wrappers, each run by Triton's interpreter in a
+    forked child (a mutated offset can crash the process: a death is a kill)."""
+    chapter = mutation.load_chapter("10_attention_kernels")
+    assert mutation.first_problem(chapter, mutation.mutant_namespace(chapter, None)) is None
+    report = mutation.run_chapter("10_attention_kernels", limit=12, seed=2)
+    assert report.mutants == 12 and len(report.killed) + len(report.survivors) == 12
+    assert not report.gaps, report.gaps
+    assert report.kill_rate >= 0.95, report.survivors
