@@ -2737,9 +2737,10 @@ plt.show()
 #
 #    ```{dropdown} Answer
 #    Each term of the old sum was computed as $e^{x_j - m_\text{old}}$; against the new
-#    maximum it must be $e^{x_j - m_\text{new}} = e^{x_j - m_\text{old}}\,e^{m_\text{old}
-#    - m_\text{new}}$, so the whole sum takes the same factor. Since $m_\text{new} \ge
-#    m_\text{old}$, the exponent is at most 0 and the factor at most 1.
+#    maximum it must be
+#    $e^{x_j - m_\text{new}} = e^{x_j - m_\text{old}}\,e^{m_\text{old} - m_\text{new}}$,
+#    so the whole sum takes the same factor. Since $m_\text{new} \ge m_\text{old}$, the
+#    exponent is at most 0 and the factor at most 1.
 #    ```
 #
 # 3. With causal attention, $N = 4{,}096$ and tiles of $128 \times 128$, how many of the
