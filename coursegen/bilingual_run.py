@@ -25,6 +25,7 @@ from .bilingual_kernel import translated_text
 
 KERNEL_MODULE = Path(__file__).with_name("bilingual_kernel.py")
 LITERAL, BOTH, FORMATTED, CALLED, JOINED = "_tr_text", "_tr_both", "_tr_format", "_tr_call", "_tr_join"
+VALUES = "_tr_v"  # the argument of the lambda that formats an f-string's values in both templates
 # The chapters' helpers that pad text to a width in columns: called through ``called`` wherever they
 # are (any call in an f-string's value is), so each language gets its own padding.
 TEXT_HELPERS = {"pad_to", "pad"}
@@ -75,10 +76,16 @@ class _Rewrite:
         """EN rewritten; TR is its counterpart in the translation (EN itself when there is none)."""
         if isinstance(en, ast.JoinedStr):
             other = tr if isinstance(tr, ast.JoinedStr) else en
-            rewritten = self.fstring(en, en, other)
-            if ast.dump(other) != ast.dump(en):
-                return _call(BOTH, [rewritten, self.fstring(other, en, other)])
-            return rewritten
+            if ast.dump(other) == ast.dump(en):
+                return self.fstring(en, en, other)
+            # Two templates, one evaluation: each value (a timer, a random draw) is computed once, in
+            # the f-string's own scope, and both templates format it (a lambda reads only its argument).
+            values: list[ast.expr] = []
+            shared: dict[int, ast.Subscript] = {}
+            pair = [self.fstring(template, en, other, values, shared) for template in (en, other)]
+            build = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=VALUES)], kwonlyargs=[],
+                                                  kw_defaults=[], defaults=[]), body=_call(BOTH, pair))
+            return ast.Call(func=build, args=[ast.Tuple(elts=values, ctx=ast.Load())], keywords=[])
         if (isinstance(en, ast.Constant) and isinstance(en.value, str) and isinstance(tr, ast.Constant)
                 and isinstance(tr.value, str) and en.value != tr.value and id(en) not in self.docstrings):
             return _call(LITERAL, [en, tr])
@@ -98,29 +105,47 @@ class _Rewrite:
             return _call(JOINED, [en.func.value, en.args[0]])  # a str's join, or anything else's (joined calls it)
         return en
 
-    def fstring(self, template: ast.JoinedStr, en: ast.JoinedStr, tr: ast.JoinedStr) -> ast.Call:
+    def fstring(self, template: ast.JoinedStr, en: ast.JoinedStr, tr: ast.JoinedStr,
+                values: list | None = None, shared: dict | None = None) -> ast.Call:
         """TEMPLATE (the English or the translated f-string) as a call of ``formatted``.
 
         Its values are the English code's expressions (EN's, rewritten against TR's), so that the
         translation's text formats the values the run has: a translated key or label in them
         would name nothing in the English run. A value written differently (not only in its
-        strings) stays the template's own.
+        strings) stays the template's own. With VALUES, each expression is appended there and read
+        back as ``_tr_v[i]``; a value both templates take from the English code is appended once
+        (SHARED, by its position), and so is a format spec both write alike.
         """
+        def kept(expression, position=None):
+            if values is None:
+                return expression
+            if position is not None and position in shared:
+                return shared[position]
+            values.append(expression)
+            read = ast.Subscript(value=ast.Name(id=VALUES, ctx=ast.Load()), slice=ast.Constant(len(values) - 1),
+                                 ctx=ast.Load())
+            if position is not None:
+                shared[position] = read
+            return read
+
         own = [v for v in template.values if isinstance(v, ast.FormattedValue)]
-        values = [v for v in en.values if isinstance(v, ast.FormattedValue)]
+        english_values = [v for v in en.values if isinstance(v, ast.FormattedValue)]
         others = [v for v in tr.values if isinstance(v, ast.FormattedValue)]
-        if not len(own) == len(values) == len(others):
-            values = others = own
-        pairs = iter(zip(own, values, others))
+        paired = len(own) == len(english_values) == len(others)
+        if not paired:
+            english_values = others = own
+        pairs = iter(enumerate(zip(own, english_values, others)))
         args = []
         for part in template.values:
             if isinstance(part, ast.FormattedValue):
-                mine, value, other = next(pairs)
+                position, (mine, value, other) = next(pairs)
                 same = _strings_erased(value.value) == _strings_erased(other.value)
                 expression = self.node(copy.deepcopy(value.value), other.value) if same else mine.value
-                expression = _calls_per_language(expression)
-                spec = (self.fstring(mine.format_spec, mine.format_spec, mine.format_spec) if mine.format_spec
-                        else ast.Constant(""))
+                expression = kept(_calls_per_language(expression), position if same and paired else None)
+                same_spec = paired and ast.dump(value.format_spec or ast.Constant("")) == \
+                    ast.dump(other.format_spec or ast.Constant(""))
+                spec = (kept(self.fstring(mine.format_spec, mine.format_spec, mine.format_spec),
+                             ("spec", position) if same_spec else None) if mine.format_spec else ast.Constant(""))
                 args.append(ast.Tuple(elts=[expression, ast.Constant(mine.conversion), spec], ctx=ast.Load()))
             else:
                 args.append(part)

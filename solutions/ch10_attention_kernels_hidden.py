@@ -571,18 +571,27 @@ def _overlapping_bounds(block_n):
     return bounds
 
 
+_ROUNDED_DOWN = ("the splits have N // num_splits keys, rounded down: L = ceil(N / num_splits), the last split "
+                 "shorter")
+# the models that do not depend on the tile width are shared by every probe: each is alive if any probe tells it apart
+_SPLIT_MISTAKES = (  # L = N // num_splits: the last split stretched to N, or the last N % num_splits keys never read
+    Mistake(_ROUNDED_DOWN, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S) if s < S - 1 else N)
+                                                        for s in range(S)])),
+    Mistake(_ROUNDED_DOWN, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S)) for s in range(S)])),
+)
+_UNSCALED = Mistake("the scores were not scaled: they are scale * q . k, scale = 1 / sqrt(d) by default",
+                    _partials_scaled(0))
+
+
 def _partials_mistakes(block_n):
-    rounded_down = ("the splits have N // num_splits keys, rounded down: L = ceil(N / num_splits), the last split "
-                    "shorter")
-    return [  # L = N // num_splits: the last split stretched to N, or the last N % num_splits keys never read
-        Mistake(rounded_down, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S) if s < S - 1 else N)
-                                                           for s in range(S)])),
-        Mistake(rounded_down, _partials_with(lambda N, S: [(s * (N // S), (s + 1) * (N // S)) for s in range(S)])),
-        Mistake("a split's last tile runs past the split's end: mask keys at or after min((s + 1) * L, N), so that "
-                "no key is counted by two splits", _partials_with(_overlapping_bounds(block_n))),
-        Mistake("the scores were not scaled: they are scale * q . k, scale = 1 / sqrt(d) by default",
-                _partials_scaled(0)),
-    ]
+    return [*_SPLIT_MISTAKES,
+            Mistake("a split's last tile runs past the split's end: mask keys at or after min((s + 1) * L, N), so "
+                    "that no key is counted by two splits", _partials_with(_overlapping_bounds(block_n))),
+            _UNSCALED]
+
+
+# one list per tile width
+_PARTIALS_MISTAKES = {block_n: _partials_mistakes(block_n) for block_n in (16, 32, 64)}
 
 
 def _decode_inputs(t, B, H, N, d):
@@ -593,24 +602,24 @@ def _decode_inputs(t, B, H, N, d):
 def _(t):
     R = ("o_part", "lse_part")
     t.function("flash_decoding_partials", *_decode_inputs(t, 2, 2, 100, 16), 3, returns=R,
-               mistakes=_partials_mistakes(16), label="N = 100, 3 splits")
+               mistakes=_PARTIALS_MISTAKES[16], label="N = 100, 3 splits")
     t.function("flash_decoding_partials", *_decode_inputs(t, 1, 3, 64, 32), 4, returns=R,
-               mistakes=_partials_mistakes(16), label="N = 64, 4 splits of 16")
+               mistakes=_PARTIALS_MISTAKES[16], label="N = 64, 4 splits of 16")
     t.function("flash_decoding_partials", *_decode_inputs(t, 1, 1, 90, 16), 5, scale=0.2, block_n=32, returns=R,
-               mistakes=_partials_mistakes(32), label="scale=0.2, block_n=32")
+               mistakes=_PARTIALS_MISTAKES[32], label="scale=0.2, block_n=32")
     t.function("flash_decoding_partials", *_decode_inputs(t, 1, 2, 20, 64), 1, returns=R,
-               mistakes=_partials_mistakes(16), label="one split, d = 64")
+               mistakes=_PARTIALS_MISTAKES[16], label="one split, d = 64")
 
 
 @hidden.test("test_flash_decoding_partials_split_edges")
 def _(t):
     R = ("o_part", "lse_part")
     t.function("flash_decoding_partials", *_decode_inputs(t, 1, 2, 70, 32), 2, block_n=16, returns=R,
-               mistakes=_partials_mistakes(16), label="splits of 35, tiles of 16")
+               mistakes=_PARTIALS_MISTAKES[16], label="splits of 35, tiles of 16")
     t.function("flash_decoding_partials", *_decode_inputs(t, 1, 1, 50, 16), 3, block_n=16, returns=R,
-               mistakes=_partials_mistakes(16), label="splits of 17, the last 16")
+               mistakes=_PARTIALS_MISTAKES[16], label="splits of 17, the last 16")
     t.function("flash_decoding_partials", *_decode_inputs(t, 2, 1, 33, 16), 2, block_n=64, returns=R,
-               mistakes=_partials_mistakes(64), label="tiles of 64 wider than a split")
+               mistakes=_PARTIALS_MISTAKES[64], label="tiles of 64 wider than a split")
 
 
 def _combine_mean(o_part, lse_part):

@@ -333,12 +333,23 @@ class CatalogTests:
 
     def test_the_real_pipeline_gives_the_in_process_result(self, graded, judged, sample_case):
         """Same scores, same feedback lines: the in-process tier judges what the kernel would return."""
-        assert graded[0][sample_case] == judged[sample_case]
+        real, in_process = graded[0][sample_case], judged[sample_case]
+        assert real == in_process, _differences(real, in_process)
 
     def test_grading_changes_no_file_of_the_project(self, graded):
         """After this chapter's tampering cases ran (whatever order the tests run in)."""
         before, after = graded[1], _project_digest()
         assert sorted(p for p in {*before, *after} if before.get(p) != after.get(p)) == []
+
+
+def _differences(real: dict, in_process: dict) -> str:
+    """What the sandboxed result says that the in-process one does not, exercise by exercise."""
+    lines = [f"{key}: {real.get(key)!r} != {in_process.get(key)!r}" for key in sorted({*real, *in_process})
+             if key != "exercises" and real.get(key) != in_process.get(key)]
+    exercises = real.get("exercises", {}), in_process.get("exercises", {})
+    lines += [f"{name}: {exercises[0].get(name)!r} != {exercises[1].get(name)!r}"
+              for name in sorted({*exercises[0], *exercises[1]}) if exercises[0].get(name) != exercises[1].get(name)]
+    return "sandboxed != in process: " + "; ".join(lines)
 
 
 # Small helpers every catalog writes its answers with.

@@ -169,6 +169,8 @@ COINCIDENCES = {
     ("10_attention_kernels", "16"): "tile sizes, head widths and block sizes the text sets (16, 32, 64); the "
                                     "decoding section's glued decode_program_mib, decode_programs and "
                                     "decode_splits happen to be 16, 32 and 64",
+    ("09_beyond_text", "10%"): "the share of the training images the text sets (10%, 25%, 50%); the glued "
+                               "acc_pixels, chance for ten digits, can round to 0.10",
     ("10_attention_kernels", "32"): "tile sizes and head widths the text sets; the glued decode_programs is 32 too",
     ("10_attention_kernels", "64"): "tile sizes and head widths the text sets; the glued decode_splits is 64 too",
     ("08_modern_attention", "128"): "sizes the text sets (128 heads, head widths of 128 in published configs); "

@@ -495,7 +495,10 @@ def test_a_spare_kernel_boot_interrupted_leaves_no_kernel_and_no_folder(monkeypa
     """Ctrl-C (or a class run's end) while the next submission's kernel boots: neither that kernel
     nor the one taken for the current submission is left running or leaves its folder."""
     from autograder import grading, scratch
-    before = set(scratch.parent().glob("grade-*"))  # a kernel's socket path is short: its real parent
+    # a kernel's socket path is short: its real parent, shared with other test workers (their folders
+    # come and go meanwhile); this process's folders are named by its pid
+    mine = f"{scratch.PREFIX}{os.getpid()}-*"
+    before = set(scratch.parent().glob(mine))
     boots, pids, started = [], [], grading.GradingKernelManager.start_kernel
 
     async def start_kernel(self, **kw):
@@ -510,7 +513,7 @@ def test_a_spare_kernel_boot_interrupted_leaves_no_kernel_and_no_folder(monkeypa
     with pytest.raises(KeyboardInterrupt):
         relay.take(ROOT / "chapters" / f"{CHAPTER}.ipynb", CHAPTER, boot_next=True)
     assert len(pids) == 1 and not scratch.owner_alive(pids[0])
-    assert relay.spare is None and set(scratch.parent().glob("grade-*")) == before
+    assert relay.spare is None and set(scratch.parent().glob(mine)) == before
 
 
 # ------------------------------------------------------------------ class mode
